@@ -1,0 +1,1 @@
+"""prefix-epp: a prefix-cache-aware Endpoint Picker for Envoy ext_proc."""

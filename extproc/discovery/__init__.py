@@ -1,0 +1,1 @@
+"""Endpoint discovery: static lists and Kubernetes InferencePools feed the datastore."""

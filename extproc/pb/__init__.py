@@ -1,0 +1,1 @@
+"""Generated protobuf modules (see protos/generate.py); do not edit."""

@@ -1,0 +1,1 @@
+"""Prefix hashing and the approximate prefix-cache index."""

@@ -1,0 +1,49 @@
+"""Chained 64-bit xxhash over prompt blocks, aligned to segment starts.
+
+Algorithm:
+- seed = xxh64(model + "\\x00" + cache_salt): requests for different models, LoRA adapters or cache
+  salts never share a block, as on the engine.
+- Each segment (see extproc/request/openai.py) is cut into blocks of `block_size` bytes (default 64,
+  ~16 tokens); the segment's last block may be shorter. Blocks never straddle two segments.
+- h_i = xxh64(block_i, seed=h_{i-1}), h_{-1} = seed. Chaining makes h_i identify the whole prefix
+  up to block i, so equal hashes at position i mean equal prefixes.
+- At most `max_blocks` hashes are produced (the rest of a long prompt does not change routing).
+
+Why segment alignment: successive turns of a conversation append messages. Because each message
+starts a new block, turn k's hashes are exactly the first hashes of turn k+1, including the short
+tail block of its last message; fixed offsets over the concatenation would instead hash that tail
+together with the next turn's text. Completions have one segment, so this is plain fixed-size
+chunking. Using the previous hash as the xxh64 seed (rather than appending it to the block) hashes
+each block in place, without building a new bytes object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import xxhash
+
+_xxh64 = xxhash.xxh64_intdigest
+
+
+def prefix_seed(model: str, cache_salt: str = "") -> int:
+    return _xxh64(f"{model}\x00{cache_salt}".encode())
+
+
+def block_hashes(
+    segments: Sequence[bytes], model: str, cache_salt: str = "", block_size: int = 64, max_blocks: int = 256
+) -> list[int]:
+    """Chained block hashes of the prompt segments (see module docstring)."""
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    h = prefix_seed(model, cache_salt)
+    out: list[int] = []
+    for seg in segments:
+        view = memoryview(seg)
+        n = len(view)
+        for start in range(0, n, block_size):
+            if len(out) >= max_blocks:
+                return out
+            h = _xxh64(view[start : start + block_size], h)
+            out.append(h)
+    return out

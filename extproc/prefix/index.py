@@ -1,0 +1,184 @@
+"""Approximate prefix-cache index: which endpoint probably holds which prompt blocks.
+
+Structure:
+- Each endpoint gets a small integer slot; `_holders` maps block hash -> bitmask of slots that hold it.
+- Each endpoint has an LRU of its block hashes (a dict in insertion order; recording a block moves
+  it to the end). When an endpoint holds more than its capacity, its least recently used blocks
+  are evicted and its bit is cleared in `_holders` (the entry disappears when no bit is left).
+
+Operations:
+- `match(hashes, candidates)`: the longest run of leading blocks that each candidate holds
+  (consecutive from block 0, as on a paged KV cache). The walk ANDs bitmasks and stops as soon as
+  no candidate holds the next block, so a miss costs one dict lookup.
+- `record(endpoint, hashes)`: called at decision time for the chosen endpoint; the prompt's first
+  block becomes the most recently used entry.
+- `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
+
+Memory is bounded by sum(capacity) entries; `approx_bytes()` estimates it from the measured cost
+per entry (see README: about 100 bytes per (endpoint, block) entry on CPython 3.11, the
+hash int, a slot in the holders dict and a slot in the endpoint LRU dict).
+
+Capacity defaults to the Go EPP's lruCapacityPerServer (31250 blocks of 16 tokens, ~500k tokens)
+and can be tuned per endpoint from the engine's reported `num_gpu_blocks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+# Measured with tracemalloc (tests/prefix/test_index.py::test_memory_per_entry_is_bounded).
+BYTES_PER_ENTRY = 100
+
+
+class PrefixIndex:
+    def __init__(self, default_capacity: int = 31250) -> None:
+        if default_capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.default_capacity = default_capacity
+        self._holders: dict[int, int] = {}
+        self._lru: dict[str, dict[int, None]] = {}
+        self._slot: dict[str, int] = {}
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self._capacity: dict[str, int] = {}
+        self._entries = 0
+
+    # -- endpoints -------------------------------------------------------------------------
+    def _slot_of(self, endpoint: str) -> int:
+        slot = self._slot.get(endpoint)
+        if slot is None:
+            if self._free_slots:
+                slot = self._free_slots.pop()
+            else:
+                slot = self._next_slot
+                self._next_slot += 1
+            self._slot[endpoint] = slot
+            self._lru[endpoint] = {}
+        return slot
+
+    def set_capacity(self, endpoint: str, capacity: int) -> None:
+        """Set one endpoint's capacity in blocks (e.g. from vllm:cache_config_info)."""
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self._capacity[endpoint] = capacity
+        if endpoint in self._lru:
+            self._evict(endpoint, self._slot[endpoint], capacity)
+
+    def capacity(self, endpoint: str) -> int:
+        return self._capacity.get(endpoint, self.default_capacity)
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        slot = self._slot.pop(endpoint, None)
+        self._capacity.pop(endpoint, None)
+        if slot is None:
+            return
+        lru = self._lru.pop(endpoint)
+        clear = ~(1 << slot)
+        holders = self._holders
+        for h in lru:
+            mask = holders[h] & clear
+            if mask:
+                holders[h] = mask
+            else:
+                del holders[h]
+        self._entries -= len(lru)
+        self._free_slots.append(slot)
+
+    def endpoints(self) -> list[str]:
+        return list(self._slot)
+
+    # -- request path ----------------------------------------------------------------------
+    def match(self, hashes: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
+        """Number of leading blocks each candidate holds; candidates holding none are omitted."""
+        slots = self._slot
+        active = 0
+        by_slot: dict[int, str] = {}
+        for ep in candidates:
+            slot = slots.get(ep)
+            if slot is not None:
+                active |= 1 << slot
+                by_slot[slot] = ep
+        result: dict[str, int] = {}
+        if not active or not hashes:
+            return result
+        holders = self._holders
+        i = 0
+        for i, h in enumerate(hashes):
+            nxt = holders.get(h, 0) & active
+            if nxt != active:
+                dropped = active & ~nxt
+                self._assign(dropped, i, by_slot, result)
+                active = nxt
+                if not active:
+                    return result
+        self._assign(active, len(hashes), by_slot, result)
+        return result
+
+    @staticmethod
+    def _assign(mask: int, matched: int, by_slot: dict[int, str], result: dict[str, int]) -> None:
+        if matched == 0:
+            return
+        while mask:
+            low = mask & -mask
+            result[by_slot[low.bit_length() - 1]] = matched
+            mask ^= low
+
+    def record(self, endpoint: str, hashes: Sequence[int]) -> None:
+        """Note that `endpoint` now holds these blocks (most recently used)."""
+        if not hashes:
+            return
+        slot = self._slot_of(endpoint)
+        bit = 1 << slot
+        lru = self._lru[endpoint]
+        holders = self._holders
+        before = len(lru)
+        # Leading blocks last: they become the most recently used, so under pressure a prompt's
+        # tail is evicted before its prefix, as vLLM frees the tail blocks of a sequence first.
+        for h in reversed(hashes):
+            if h in lru:
+                del lru[h]
+            else:
+                holders[h] = holders.get(h, 0) | bit
+            lru[h] = None
+        self._entries += len(lru) - before
+        capacity = self._capacity.get(endpoint, self.default_capacity)
+        if len(lru) > capacity:
+            self._evict(endpoint, slot, capacity)
+
+    def _evict(self, endpoint: str, slot: int, capacity: int) -> None:
+        lru = self._lru[endpoint]
+        excess = len(lru) - capacity
+        if excess <= 0:
+            return
+        clear = ~(1 << slot)
+        holders = self._holders
+        victims: list[int] = []
+        for h in lru:
+            if len(victims) >= excess:
+                break
+            victims.append(h)
+        for h in victims:
+            del lru[h]
+            mask = holders[h] & clear
+            if mask:
+                holders[h] = mask
+            else:
+                del holders[h]
+        self._entries -= len(victims)
+
+    # -- introspection ---------------------------------------------------------------------
+    @property
+    def entries(self) -> int:
+        """(endpoint, block) pairs held."""
+        return self._entries
+
+    @property
+    def distinct_blocks(self) -> int:
+        return len(self._holders)
+
+    def approx_bytes(self) -> int:
+        return self._entries * BYTES_PER_ENTRY
+
+    def held_by(self, endpoint: str) -> int:
+        lru = self._lru.get(endpoint)
+        return len(lru) if lru is not None else 0

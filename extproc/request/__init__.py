@@ -1,0 +1,1 @@
+"""Parsing of OpenAI-style request bodies into what the scheduler needs."""

@@ -1,0 +1,1 @@
+"""Filters, one module each."""

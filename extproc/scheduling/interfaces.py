@@ -1,0 +1,49 @@
+"""Plugin contracts of the scheduler. Scoring is pure and synchronous: endpoints + request in, scores out.
+
+- `Filter.filter(request, endpoints)` returns the endpoints that may serve the request, in order.
+- `Scorer.score(request, endpoints)` returns one score in [0, 1] per endpoint (higher is better);
+  the scheduler clamps and multiplies by the scorer's weight.
+- `Picker.pick(endpoints, totals, n)` returns up to n endpoints, best first.
+
+`SchedulingRequest` carries what plugins read; the scheduler fills `prefix_match` (blocks held per
+endpoint) explicitly before scorers run, so no scorer silently produces data for another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from extproc.datastore import Endpoint
+
+
+@dataclass(slots=True)
+class SchedulingRequest:
+    request_id: str
+    model: str
+    block_hashes: list[int] = field(default_factory=list)
+    priority: int = 0
+    prefix_match: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_blocks(self) -> int:
+        return len(self.block_hashes)
+
+
+class Filter(Protocol):
+    name: str
+
+    def filter(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]: ...
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]: ...
+
+
+class Picker(Protocol):
+    name: str
+
+    def pick(self, endpoints: Sequence[Endpoint], totals: Sequence[float], n: int) -> list[Endpoint]: ...

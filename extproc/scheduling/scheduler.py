@@ -1,0 +1,98 @@
+"""The scheduler: one pass of filters -> prefix lookup -> weighted scorers -> picker -> record.
+
+1. Filters run in order; an empty result fails the request (the caller maps it to an error).
+2. The prefix index is consulted once for the surviving candidates (`request.prefix_match`).
+3. total(e) = sum_i weight_i * clamp(score_i(e), 0, 1) (the Go EPP's unnormalised weighted sum).
+4. The picker returns up to `max_endpoints` endpoints, best first.
+5. The request's block hashes are recorded in the index for the first pick (decision time), so
+   later requests with the same prefix find it there.
+
+`Decision` keeps each scorer's score of the chosen endpoint and the matched blocks, which the
+optional explanation header reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from extproc.datastore import Endpoint
+from extproc.errors import EppError, ErrorCode
+from extproc.prefix.index import PrefixIndex
+from extproc.scheduling.interfaces import Filter, Picker, SchedulingRequest, Scorer
+
+
+@dataclass(slots=True)
+class Decision:
+    endpoints: list[Endpoint]
+    matched_blocks: int
+    total_blocks: int
+    scores: list[tuple[str, float]]  # (scorer name, score of the chosen endpoint)
+    total: float
+
+    @property
+    def primary(self) -> Endpoint:
+        return self.endpoints[0]
+
+    @property
+    def destination(self) -> str:
+        return ",".join(ep.key for ep in self.endpoints)
+
+    def explain(self) -> str:
+        parts = [f"endpoint={self.primary.key}", f"matched={self.matched_blocks}/{self.total_blocks}"]
+        parts.extend(f"{name}={score:.3f}" for name, score in self.scores)
+        parts.append(f"total={self.total:.3f}")
+        return "; ".join(parts)
+
+
+@dataclass(slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+class Scheduler:
+    def __init__(
+        self,
+        filters: Sequence[Filter],
+        scorers: Sequence[WeightedScorer],
+        picker: Picker,
+        index: PrefixIndex | None,
+        max_endpoints: int = 1,
+    ) -> None:
+        self.filters = list(filters)
+        self.scorers = list(scorers)
+        self.picker = picker
+        self.index = index
+        self.max_endpoints = max_endpoints
+
+    def schedule(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> Decision:
+        endpoints: Sequence[Endpoint] = candidates
+        for f in self.filters:
+            endpoints = f.filter(request, endpoints)
+            if not endpoints:
+                raise EppError(ErrorCode.SERVICE_UNAVAILABLE, f"no endpoint left after filter {f.name}")
+        if self.index is not None and request.block_hashes:
+            request.prefix_match = self.index.match(request.block_hashes, [ep.key for ep in endpoints])
+        n = len(endpoints)
+        totals = [0.0] * n
+        per_scorer: list[list[float]] = []
+        for ws in self.scorers:
+            scores = ws.scorer.score(request, endpoints)
+            clamped = [min(max(s, 0.0), 1.0) for s in scores]
+            per_scorer.append(clamped)
+            w = ws.weight
+            for i in range(n):
+                totals[i] += w * clamped[i]
+        picked = self.picker.pick(endpoints, totals, self.max_endpoints)
+        chosen = picked[0]
+        ci = endpoints.index(chosen)
+        if self.index is not None and request.block_hashes:
+            self.index.record(chosen.key, request.block_hashes)
+        return Decision(
+            endpoints=picked,
+            matched_blocks=request.prefix_match.get(chosen.key, 0),
+            total_blocks=request.total_blocks,
+            scores=[(ws.scorer.name, per_scorer[k][ci]) for k, ws in enumerate(self.scorers)],
+            total=totals[ci],
+        )

@@ -1,0 +1,1 @@
+"""Scorers, one module each."""

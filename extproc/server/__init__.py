@@ -1,0 +1,1 @@
+"""The Envoy ext_proc gRPC server: stream state machine, responses, health, TLS."""

@@ -1,0 +1,53 @@
+"""Server TLS for the ext_proc port: a certificate from --cert-path, or a self-signed one.
+
+`--cert-path DIR` reads DIR/tls.crt and DIR/tls.key (the Go EPP's layout, as mounted from a
+Kubernetes TLS Secret). Without it, a self-signed certificate is generated at start-up; Envoy's
+reference configuration does not verify the picker's certificate. ECDSA P-256 keys are used
+because they are generated in milliseconds (an RSA-4096 key takes seconds on a small pod).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+def self_signed(common_name: str = "prefix-epp", days: int = 3650) -> tuple[bytes, bytes]:
+    """Return (key_pem, cert_pem) of a new self-signed certificate."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    san = x509.SubjectAlternativeName([
+        x509.DNSName(common_name), x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(san, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+
+def server_credentials(cert_path: str) -> grpc.ServerCredentials:
+    if cert_path:
+        directory = Path(cert_path)
+        key_pem = (directory / "tls.key").read_bytes()
+        cert_pem = (directory / "tls.crt").read_bytes()
+    else:
+        key_pem, cert_pem = self_signed()
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)])

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import random
+import tracemalloc
+
+from extproc.prefix.index import BYTES_PER_ENTRY, PrefixIndex
+
+
+def hashes(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.getrandbits(64) for _ in range(n)]
+
+
+def test_longest_consecutive_prefix_per_endpoint() -> None:
+    ix = PrefixIndex(1000)
+    h = hashes(10, 1)
+    ix.record("a", h[:6])
+    ix.record("b", h[:3])
+    ix.record("c", h[1:10])  # holds everything but block 0: no usable prefix
+    assert ix.match(h, ["a", "b", "c", "d"]) == {"a": 6, "b": 3}
+    assert ix.match(h, ["b"]) == {"b": 3}
+    assert ix.match(hashes(5, 2), ["a", "b"]) == {}
+    assert ix.match([], ["a"]) == {}
+
+
+def test_full_match_counts_all_blocks() -> None:
+    ix = PrefixIndex(100)
+    h = hashes(8, 3)
+    ix.record("a", h)
+    assert ix.match(h, ["a"]) == {"a": 8}
+
+
+def test_lru_evicts_tail_before_prefix_and_respects_capacity() -> None:
+    ix = PrefixIndex(4)
+    h = hashes(6, 4)
+    ix.record("a", h)
+    assert ix.held_by("a") == 4
+    assert ix.match(h, ["a"]) == {"a": 4}
+    other = hashes(2, 5)
+    ix.record("a", other)  # two newer blocks push out the two least recent ones
+    assert ix.held_by("a") == 4
+    assert ix.match(h, ["a"]) == {"a": 2}
+    assert ix.entries == 4
+
+
+def test_remove_endpoint_purges_everything() -> None:
+    ix = PrefixIndex(100)
+    h = hashes(5, 6)
+    ix.record("a", h)
+    ix.record("b", h)
+    ix.remove_endpoint("a")
+    assert ix.match(h, ["a", "b"]) == {"b": 5}
+    assert ix.entries == 5
+    ix.remove_endpoint("b")
+    assert ix.entries == 0 and ix.distinct_blocks == 0
+    ix.record("c", h)  # slots are reused
+    assert ix.match(h, ["c"]) == {"c": 5}
+
+
+def test_set_capacity_shrinks() -> None:
+    ix = PrefixIndex(100)
+    ix.record("a", hashes(50, 7))
+    ix.set_capacity("a", 10)
+    assert ix.held_by("a") == 10 and ix.capacity("a") == 10
+
+
+def test_memory_per_entry_is_bounded() -> None:
+    """The README's bytes-per-entry figure: measured here, asserted within 25%."""
+    tracemalloc.start()
+    ix = PrefixIndex(100_000)
+    before = tracemalloc.get_traced_memory()[0]
+    for ep in range(4):
+        ix.record(f"10.0.0.{ep}:8000", hashes(20_000, ep))
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    per_entry = used / ix.entries
+    assert ix.entries == 80_000
+    assert per_entry <= BYTES_PER_ENTRY * 1.25, per_entry
+    assert ix.approx_bytes() == ix.entries * BYTES_PER_ENTRY

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from extproc.errors import EppError, ErrorCode
+from extproc.request.openai import Api, api_from_path, parse_request
+
+
+@pytest.mark.parametrize(("path", "api"), [
+    ("/v1/completions", Api.COMPLETIONS),
+    ("/v1/chat/completions", Api.CHAT),
+    ("/v1/chat/completions?x=1", Api.CHAT),
+    ("/v1/responses", Api.RESPONSES),
+    ("/v1/embeddings", Api.EMBEDDINGS),
+    ("/v1/models", Api.OTHER),
+])
+def test_api_from_path(path: str, api: Api) -> None:
+    assert api_from_path(path) is api
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    (b'{"model":', "not valid JSON"),
+    (b"[1,2]", "JSON object"),
+    (b'"text"', "JSON object"),
+    (b'{"prompt":"hi"}', "model not found"),
+    (b'{"model":"","prompt":"hi"}', "model not found"),
+    (b'{"model":7,"prompt":"hi"}', "model not found"),
+])
+def test_invalid_bodies_are_bad_requests(raw: bytes, needle: str) -> None:
+    with pytest.raises(EppError) as info:
+        parse_request(Api.COMPLETIONS, raw)
+    assert info.value.code is ErrorCode.BAD_REQUEST
+    assert info.value.http_status == 400
+    assert needle in info.value.message
+
+
+def test_chat_requires_messages() -> None:
+    with pytest.raises(EppError):
+        parse_request(Api.CHAT, b'{"model":"m","messages":[]}')
+
+
+def test_completions_prompt_forms() -> None:
+    assert parse_request(Api.COMPLETIONS, b'{"model":"m","prompt":"abc"}').segments == [b"abc"]
+    assert parse_request(Api.COMPLETIONS, b'{"model":"m","prompt":["a","b"]}').segments == [b"a b"]
+    tokens = parse_request(Api.COMPLETIONS, b'{"model":"m","prompt":[1,2,3]}')
+    assert tokens.segments == [b"[1,2,3]"]
+
+
+def test_chat_segments_are_canonical_per_message() -> None:
+    a = parse_request(Api.CHAT, orjson.dumps({"model": "m", "messages": [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "U"}]}))
+    b = parse_request(Api.CHAT, b'{ "messages" : [ {"content":"S","role":"system"},'
+                                b' {"content":[{"type":"text","text":"U"}],"role":"user"} ], "model":"m"}')
+    assert a.segments == b.segments == [b"system\x1fS", b"user\x1fU"]
+
+
+def test_later_turn_extends_earlier_turn() -> None:
+    turn1 = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q1"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
+    s1 = parse_request(Api.CHAT, orjson.dumps({"model": "m", "messages": turn1})).segments
+    s2 = parse_request(Api.CHAT, orjson.dumps({"model": "m", "messages": turn2})).segments
+    assert s2[: len(s1)] == s1
+
+
+def test_images_change_segments() -> None:
+    def body(url: str) -> bytes:
+        return orjson.dumps({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "describe"}, {"type": "image_url", "image_url": {"url": url}}]}]})
+    assert parse_request(Api.CHAT, body("http://a/1.png")).segments != parse_request(Api.CHAT, body("http://a/2.png")).segments
+
+
+def test_tools_come_first_and_stream_flags() -> None:
+    p = parse_request(Api.CHAT, orjson.dumps({
+        "model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}],
+        "stream": True, "stream_options": {"include_usage": True}, "cache_salt": "tenant-1"}))
+    assert p.segments[0].startswith(b"tools\x1f")
+    assert p.stream and p.include_usage and p.cache_salt == "tenant-1"
+
+
+def test_responses_api() -> None:
+    p = parse_request(Api.RESPONSES, orjson.dumps({"model": "m", "instructions": "be brief", "input": "hello"}))
+    assert p.segments == [b"instructions\x1fbe brief", b"user\x1fhello"]
+    items = parse_request(Api.RESPONSES, orjson.dumps({"model": "m", "input": [{"role": "user", "content": "a"}]}))
+    assert items.segments == [b"user\x1fa"]

@@ -1,0 +1,1 @@
+"""Shared helpers for tests that start real processes (Envoy, the picker, the simulator)."""

