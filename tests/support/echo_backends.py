@@ -4,7 +4,8 @@ Each answers every request with JSON naming itself (`served_by`), the method, pa
 body sha256 and the request headers it received, plus the `x-served-by` header. GET /health is 200.
 A JSON body with `"stream": true` gets a server-sent-events answer instead: five `data:` chunks
 50 ms apart, then `data: [DONE]`, so tests can see chunks arrive before the stream ends.
-An optional `--delay S` holds each response, so concurrent requests overlap.
+An optional `--delay S` holds each response, so concurrent requests overlap; `--trivial` answers
+a fixed tiny JSON without reading headers or hashing (for overhead benchmarks).
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import signal
 from aiohttp import web
 
 
-def make_app(name: str, delay: float) -> web.Application:
+def make_app(name: str, delay: float, trivial: bool = False) -> web.Application:
+    tiny = b'{"served_by": "' + name.encode() + b'"}'
+
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        if trivial:
+            return web.Response(body=tiny, content_type="application/json", headers={"x-served-by": name})
         if delay:
             await asyncio.sleep(delay)
         if request.path == "/health":
@@ -48,10 +53,10 @@ def make_app(name: str, delay: float) -> web.Application:
     return app
 
 
-async def main(ports: list[int], host: str, delay: float) -> None:
+async def main(ports: list[int], host: str, delay: float, trivial: bool = False) -> None:
     runners = []
     for port in ports:
-        runner = web.AppRunner(make_app(f"{host}:{port}", delay), access_log=None)
+        runner = web.AppRunner(make_app(f"{host}:{port}", delay, trivial), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, port).start()
         runners.append(runner)
@@ -69,5 +74,6 @@ if __name__ == "__main__":
     parser.add_argument("ports", type=int, nargs="+")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--trivial", action="store_true", help="answer a fixed tiny JSON (benchmarks)")
     a = parser.parse_args()
-    asyncio.run(main(a.ports, a.host, a.delay))
+    asyncio.run(main(a.ports, a.host, a.delay, a.trivial))

@@ -1,0 +1,12 @@
+"""A vLLM-compatible model-server simulator with a real prefix-cache model.
+
+Modules, one concept each: `config` (every knob and default), `kvcache` (paged cache, block
+hashing, events), `engine` (continuous-batching scheduler and cost model), `kv_events` (ZeroMQ
+publisher in vLLM's wire format), `metrics` (vLLM-named Prometheus exposition), `openai_api`
+(request/response shapes), `server` (aiohttp routes, `run_replicas`), `cli` (`prefix-epp sim`).
+"""
+
+from extproc.sim.config import SimConfig
+from extproc.sim.server import Replica, run_replicas
+
+__all__ = ["Replica", "SimConfig", "run_replicas"]
