@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -17,12 +17,21 @@ from extproc.config import EppConfig
 from extproc.datastore import Datastore, Endpoint
 from extproc.director import Director
 from extproc.discovery.static import load_static
+from extproc.kvevents.manager import KVEventsManager, kv_events_wanted
+from extproc.kvevents.metrics import KVEventsCollector
 from extproc.metrics.epp import EppMetrics
+from extproc.metrics.scrape import MetricsScraper
 from extproc.prefix.index import PrefixIndex
-from extproc.scheduling.build import default_scheduler
+from extproc.scheduling.build import Profile, build_scheduler, default_profile
+from extproc.scheduling.config_loader import load_config
+from extproc.scheduling.saturation import UtilizationDetector
 from extproc.scheduling.scheduler import Scheduler
 from extproc.server.grpc_server import start_servers
 from extproc.server.health import HealthServicer
+from extproc.tokenize import Tokenizer, make_tokenizer
+
+if TYPE_CHECKING:
+    from extproc.discovery.kubernetes import KubernetesDiscovery
 
 log = logging.getLogger("prefix_epp")
 
@@ -30,22 +39,47 @@ log = logging.getLogger("prefix_epp")
 @dataclass
 class App:
     config: EppConfig
+    profile: Profile | None = None  # None: from --config-file/--config-text, else the default profile
     datastore: Datastore = field(default_factory=Datastore)
     index: PrefixIndex = field(init=False)
     scheduler: Scheduler = field(init=False)
     director: Director = field(init=False)
     metrics: EppMetrics = field(init=False)
     health: HealthServicer = field(init=False)
+    detector: UtilizationDetector = field(init=False)
+    discovery: KubernetesDiscovery | None = field(init=False, default=None)
+    scraper: MetricsScraper | None = field(init=False, default=None)
+    kv_events: KVEventsManager | None = field(init=False, default=None)  # precise index (extproc/kvevents/)
+    tokenizer: Tokenizer | None = field(init=False, default=None)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     _servers: list[grpc.aio.Server] = field(default_factory=list)
     _metrics_server: Any = None
 
     def __post_init__(self) -> None:
-        self.index = PrefixIndex(self.config.prefix.lru_capacity_per_server)
+        if self.profile is None:
+            self.config, self.profile = load_config(self.config)
+        cfg = self.config
+        self.index = PrefixIndex(cfg.prefix.lru_capacity_per_server)
         self.datastore.on_removed(self._forget)
-        self.scheduler = default_scheduler(self.config, self.index)
-        self.director = Director(self.config, self.datastore, self.scheduler)
-        self.metrics = EppMetrics(self.datastore, self.index, self.config.pool_name)
+        scorer_types = [t for t, _ in (self.profile or default_profile(cfg)).scorers]
+        if kv_events_wanted(cfg.kv_events, scorer_types):
+            self.kv_events = KVEventsManager(cfg.kv_events, self.datastore)
+            self.tokenizer = make_tokenizer(cfg.kv_events.tokenizer, self.datastore, cfg.kv_events.tokenize_timeout_s)
+        self.scheduler = build_scheduler(cfg, self.index, self.profile, precise=self.kv_events)
+        self.detector = UtilizationDetector(cfg.saturation)
+        if cfg.pool_name:
+            from extproc.discovery.kubernetes import KubernetesDiscovery  # imports the kubernetes client
+
+            self.discovery = KubernetesDiscovery(cfg, self.datastore)
+        if cfg.refresh_metrics_interval_s > 0:
+            self.scraper = MetricsScraper(cfg, self.datastore, self.index)
+        self.director = Director(cfg, self.datastore, self.scheduler, admission=self.detector.admit,
+                                 priority_of=self.discovery.priority_of if self.discovery else None,
+                                 precise=self.kv_events, tokenizer=self.tokenizer)
+        self.metrics = EppMetrics(self.datastore, self.index, cfg.pool_name, cfg.metrics_staleness_threshold_s)
+        self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/server/usage.py)
+        if self.kv_events is not None:
+            self.metrics.registry.register(KVEventsCollector(self.kv_events))
         self.health = HealthServicer(lambda: self.datastore.synced)
 
     def _forget(self, ep: Endpoint) -> None:
@@ -55,6 +89,12 @@ class App:
         cfg = self.config
         if cfg.endpoints:
             load_static(self.datastore, cfg.endpoints)
+        if self.discovery is not None:
+            self.background.append(asyncio.create_task(self.discovery.run(), name="discovery"))
+        if self.scraper is not None:
+            self.background.append(asyncio.create_task(self.scraper.run(), name="metrics-scraper"))
+        if self.kv_events is not None:
+            self.background.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
         ext, hs = await start_servers(
             self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
             health_port=cfg.grpc_health_port, secure=cfg.secure_serving, cert_path=cfg.cert_path,
@@ -75,6 +115,8 @@ class App:
         for task in self.background:
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
+        if self.tokenizer is not None:
+            await self.tokenizer.close()
         await asyncio.gather(*(s.stop(grace) for s in self._servers), return_exceptions=True)
         if self._metrics_server is not None:
             server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server

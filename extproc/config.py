@@ -16,6 +16,7 @@ class PrefixConfig:
     """Approximate prefix-cache index (see extproc/prefix/)."""
 
     block_size_bytes: int = 64  # 16 tokens x ~4 bytes per token, as the Go EPP
+    bytes_per_token: int = 4  # blockSizeTokens -> bytes, and auto-tune (see extproc/metrics/scrape.py)
     max_prefix_blocks: int = 256  # Go EPP maxPrefixBlocksToMatch
     lru_capacity_per_server: int = 31250  # Go EPP lruCapacityPerServer (~500k tokens of KV)
     auto_tune: bool = True  # size from vllm:cache_config_info when scraped
@@ -34,10 +35,64 @@ class SpillConfig:
 
 @dataclass(frozen=True)
 class WeightsConfig:
-    prefix: float = 3.0
+    prefix: float = 5.0  # > queue 2 + inflight 2: a full cache hit outweighs any load difference
+    # short of the spill limit (measured: see extproc/scheduling/build.py)
     queue: float = 2.0
     kv_cache: float = 2.0
     inflight: float = 2.0
+    unlisted: float = 1.0  # a scorer named in an EndpointPickerConfig profile without a weight
+
+
+@dataclass(frozen=True)
+class SaturationConfig:
+    """utilization-detector (Go EPP defaults): sheddable requests get 429 while the pool is saturated."""
+
+    queue_depth_threshold: float = 5.0
+    kv_cache_util_threshold: float = 0.8
+    metrics_staleness_threshold_s: float = 0.2
+    headroom: float = 0.0
+
+
+@dataclass(frozen=True)
+class MetricsSourceConfig:
+    """metrics-data-source: where each endpoint's model-server metrics are scraped."""
+
+    scheme: str = "http"
+    path: str = "/metrics"
+    insecure_skip_verify: bool = True
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """Kubernetes list-then-watch loops (extproc/discovery/watch.py)."""
+
+    watch_timeout_s: float = 60.0  # server-side timeoutSeconds, jittered up to 2x; read timeout + min(5 s, T/2)
+    request_timeout_s: float = 10.0  # connect and read timeout of LIST requests
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 5.0
+    stop_timeout_s: float = 2.0  # bounded wait for the watch threads at shutdown
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """Precise prefix routing from engine KV-cache events, and its tokenizer (extproc/kvevents/)."""
+
+    prefix_scorer: str = "approximate"  # --prefix-scorer: approximate | precise (implies enabled)
+    enabled: bool = False  # --kv-events: subscribe even while the approximate scorer routes (closed loop)
+    port: int = 5557  # vLLM's default publisher port, on the endpoint's host
+    replay_port: int = 0  # vLLM's replay ROUTER port on the same host; 0: no replay
+    dp_size: int = 1  # data-parallel ranks per endpoint; rank r publishes on port + r
+    block_size: int = 16  # engine tokens per block until vllm:cache_config_info or an event says
+    index_capacity: int = 32768  # entries per (endpoint, rank) until num_gpu_blocks is scraped
+    max_blocks: int = 2048  # leading blocks of a prompt looked up at most (llm-d's default)
+    speculative_ttl_s: float = 2.0  # decision-time entries count this long (llm-d's default)
+    resync_window_s: float = 5.0  # fresh events needed after a resync before precise scoring resumes
+    silence_timeout_s: float = 10.0  # routed to, no message since: uncertain (entries kept)
+    replay_timeout_s: float = 1.0  # per message read from the replay socket
+    max_messages_per_iteration: int = 64  # subscriber work between two yields to the event loop
+    maintenance_interval_s: float = 0.5  # expire speculative entries, capacities, block size
+    tokenizer: str = "builtin"  # builtin | remote | /path/to/tokenizer.json
+    tokenize_timeout_s: float = 0.1  # remote: POST /tokenize on an endpoint
 
 
 @dataclass(frozen=True)
@@ -59,9 +114,15 @@ class EppConfig:
     refresh_metrics_interval_s: float = 0.05
     metrics_staleness_threshold_s: float = 2.0
     scrape_timeout_s: float = 1.0
+    config_file: str = ""  # EndpointPickerConfig YAML (extproc/scheduling/config_loader.py)
+    config_text: str = ""
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
     spill: SpillConfig = field(default_factory=SpillConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
+    saturation: SaturationConfig = field(default_factory=SaturationConfig)
+    metrics_source: MetricsSourceConfig = field(default_factory=MetricsSourceConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     seed: int | None = None
 
 

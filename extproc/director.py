@@ -6,8 +6,13 @@ route(ctx):
 3. Candidates: the datastore's endpoints, narrowed by the proxy's subset hint and by the
    `test-epp-endpoint-selection` header; none left -> 503.
 4. Admission (saturation: sheddable requests get 429 while the pool is saturated).
-5. Hash the prompt into prefix blocks and run the scheduler.
+5. Hash the prompt into prefix blocks and, with KV events on, tokenize it (extproc/tokenize.py)
+   into token-block keys for the precise index; then run the scheduler.
 6. Count the request in flight on the chosen endpoint until `complete()`.
+
+A remote tokenizer is awaited in `prepare(ctx, body)`, which the processor calls once the body is
+complete and before `route`; local tokenizers run inside `route`. `track_usage(ctx, decision)`
+starts the closed loop for the response (extproc/server/usage.py) when `feedback` is set.
 
 Bodiless requests (GET /v1/models) skip 1, 4 and 5: a random candidate is chosen.
 """
@@ -22,10 +27,13 @@ from dataclasses import dataclass
 from extproc.config import EppConfig
 from extproc.datastore import Datastore, Endpoint, split_host_port
 from extproc.errors import EppError, ErrorCode
+from extproc.kvevents.manager import KVEventsManager
 from extproc.prefix.hashing import block_hashes
 from extproc.request.openai import ParsedRequest, api_from_path, parse_request
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.scheduler import Decision, Scheduler
+from extproc.server.usage import Prediction, Report, UsageTracker, matched_bytes
+from extproc.tokenize import Tokenizer
 
 Admission = Callable[[SchedulingRequest, Sequence[Endpoint]], None]
 
@@ -39,6 +47,7 @@ class RequestContext:
     test_selection: str = ""
     subset: list[str] | None = None
     parsed: ParsedRequest | None = None
+    tokens: list[int] | None = None  # from an asynchronous tokenizer (prepare)
 
 
 def _matches(ep: Endpoint, wanted: set[str]) -> bool:
@@ -71,6 +80,8 @@ class Director:
         admission: Admission | None = None,
         priority_of: Callable[[str], int] | None = None,
         rng: random.Random | None = None,
+        precise: KVEventsManager | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.config = config
         self.datastore = datastore
@@ -78,6 +89,9 @@ class Director:
         self.admission = admission
         self.priority_of = priority_of or (lambda _name: 0)
         self._rng = rng or random.Random()
+        self.precise = precise
+        self.tokenizer = tokenizer if precise is not None else None
+        self.feedback: Report | None = None  # closed-loop reporter (EppMetrics.observe_cached_prediction)
 
     def candidates(self, ctx: RequestContext) -> list[Endpoint]:
         endpoints: list[Endpoint] = list(self.datastore.snapshot())
@@ -100,7 +114,7 @@ class Director:
         return str(uuid.uuid4())
 
     def route(self, ctx: RequestContext, body: bytes) -> Decision:
-        parsed = parse_request(api_from_path(ctx.path), body)
+        parsed = ctx.parsed if ctx.parsed is not None else parse_request(api_from_path(ctx.path), body)
         ctx.parsed = parsed
         candidates = self.candidates(ctx)
         pcfg = self.config.prefix
@@ -111,6 +125,8 @@ class Director:
                                       pcfg.block_size_bytes, pcfg.max_prefix_blocks),
             priority=self.priority_of(ctx.objective) if ctx.objective else 0,
         )
+        if self.precise is not None:
+            request.token_keys = self._token_keys(ctx, parsed)
         if self.admission is not None:
             self.admission(request, candidates)
         decision = self.scheduler.schedule(request, candidates)
@@ -125,3 +141,45 @@ class Director:
 
     def complete(self, ep: Endpoint) -> None:
         self.datastore.release(ep)
+
+    # -- precise prefix routing and the closed loop --------------------------------------------
+    @property
+    def tokenizes_async(self) -> bool:
+        return self.tokenizer is not None and self.tokenizer.is_async
+
+    async def prepare(self, ctx: RequestContext, body: bytes) -> None:
+        """Parse and tokenize with the asynchronous tokenizer; errors surface later in `route`."""
+        if self.tokenizer is None:
+            return
+        try:
+            ctx.parsed = parse_request(api_from_path(ctx.path), body)
+        except EppError:
+            return
+        ctx.tokens = await self.tokenizer.encode_async(ctx.parsed)
+
+    def _token_keys(self, ctx: RequestContext, parsed: ParsedRequest) -> list[int] | None:
+        assert self.precise is not None
+        tokens = ctx.tokens
+        if tokens is None and self.tokenizer is not None and not self.tokenizer.is_async:
+            tokens = self.tokenizer.encode(parsed)
+        if not tokens:
+            return None
+        return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)
+
+    def track_usage(self, ctx: RequestContext, decision: Decision) -> UsageTracker | None:
+        """Closed loop for this response: compare the engine's cached_tokens with the predictions."""
+        if self.feedback is None or ctx.parsed is None:
+            return None
+        segments = [len(s) for s in ctx.parsed.segments]
+        ep = decision.primary
+        block_size = ep.metrics.block_size if ep.metrics is not None and ep.metrics.block_size > 0 else (
+            self.precise.block_size if self.precise is not None else self.config.kv_events.block_size)
+        prediction = Prediction(
+            block_size=block_size,
+            approx_matched_bytes=matched_bytes(segments, self.config.prefix.block_size_bytes,
+                                               decision.matched_blocks),
+            prompt_bytes=sum(segments),
+            precise_blocks=decision.precise_matched if decision.precise_usable else None,
+            precise_enabled=self.precise is not None,
+        )
+        return UsageTracker(prediction, self.feedback)

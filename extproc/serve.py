@@ -11,12 +11,13 @@ from dataclasses import replace
 from typing import Any
 
 from extproc import logs
-from extproc.config import EppConfig, PrefixConfig, SpillConfig, WeightsConfig
+from extproc.config import EppConfig, KVEventsConfig, PrefixConfig, SpillConfig, WeightsConfig
 
 _D = EppConfig()
 _P = PrefixConfig()
 _S = SpillConfig()
 _W = WeightsConfig()
+_K = KVEventsConfig()
 
 
 def parse_bool(value: str | bool) -> bool:
@@ -51,7 +52,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pool-namespace", default=_D.pool_namespace, help="its namespace (env NAMESPACE)")
     g.add_argument("--pool-group", default=_D.pool_group, help="InferencePool API group")
     g.add_argument("--kubeconfig", default=_D.kubeconfig, help="kubeconfig path (in-cluster config if empty)")
+    g = p.add_argument_group("model-server metrics")
+    g.add_argument("--refresh-metrics-interval", type=duration, default=_D.refresh_metrics_interval_s,
+                   metavar="DURATION", help="scrape interval per endpoint, e.g. 50ms or 0.05 (0: no scraping)")
+    g.add_argument("--metrics-staleness-threshold", type=duration, default=_D.metrics_staleness_threshold_s,
+                   metavar="DURATION", help="older scrapes count as stale: saturated for scorers, "
+                   "left out of the pool gauges")
     g = p.add_argument_group("scheduling")
+    g.add_argument("--config-file", default=_D.config_file, help="EndpointPickerConfig YAML file")
+    g.add_argument("--config-text", default=_D.config_text, help="EndpointPickerConfig YAML text")
     g.add_argument("--max-endpoints", type=int, default=_D.max_endpoints,
                    help="endpoints returned per request, best first (>1: fallbacks)")
     _bool_flag(g, "--explain-decisions", _D.explain_decisions,
@@ -70,7 +79,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-weight", type=float, default=_W.prefix, help="weight of the prefix scorer")
     g.add_argument("--inflight-weight", type=float, default=_W.inflight, help="weight of the in-flight scorer")
     g.add_argument("--seed", type=int, default=None, help="seed for random tie-breaks (tests)")
+    _add_kv_events_arguments(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def duration(value: str) -> float:
+    """Seconds from a Go duration ("50ms", "2s") or a plain number of seconds."""
+    from extproc.scheduling.config_loader import ConfigError, parse_duration
+
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(value.strip(), "duration")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"not a duration: {value!r} (e.g. 50ms, 2s)") from None
 
 
 def config_from_args(args: argparse.Namespace) -> EppConfig:
@@ -82,12 +106,70 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         endpoints=endpoints, pool_name=args.pool_name, pool_namespace=args.pool_namespace,
         pool_group=args.pool_group, kubeconfig=args.kubeconfig, max_endpoints=args.max_endpoints,
         explain_decisions=args.explain_decisions, disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
+        refresh_metrics_interval_s=args.refresh_metrics_interval,
+        metrics_staleness_threshold_s=args.metrics_staleness_threshold,
+        config_file=args.config_file, config_text=args.config_text,
         prefix=replace(_P, block_size_bytes=args.prefix_block_size, max_prefix_blocks=args.prefix_max_blocks,
                        lru_capacity_per_server=args.prefix_lru_capacity),
         spill=replace(_S, relative=args.spill_relative, absolute=args.spill_absolute),
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
         seed=args.seed,
+        kv_events=_kv_events_from_args(args),
     )
+
+
+def _add_kv_events_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("precise prefix routing (KV events, extproc/kvevents/)")
+    g.add_argument("--prefix-scorer", choices=("approximate", "precise"), default=_K.prefix_scorer,
+                   help="prefix scorer of the default profile; precise subscribes to the engines' KV events")
+    _bool_flag(g, "--kv-events", _K.enabled, "subscribe to KV events and compare both scorers' predictions "
+               "even when the approximate scorer routes")
+    g.add_argument("--kv-events-port", type=int, default=_K.port,
+                   help="engine KV-events publisher port on the endpoint's host (per endpoint: host:port@tcp://h:p)")
+    g.add_argument("--kv-events-replay-port", type=int, default=_K.replay_port,
+                   help="engine replay (ROUTER) port on the same host; 0: no replay, resync instead")
+    g.add_argument("--kv-events-dp-size", type=int, default=_K.dp_size,
+                   help="data-parallel ranks per endpoint; rank r publishes on port + r")
+    g.add_argument("--kv-events-block-size", type=int, default=_K.block_size,
+                   help="engine tokens per block until vllm:cache_config_info or an event reports it")
+    g.add_argument("--kv-events-index-capacity", type=int, default=_K.index_capacity,
+                   help="precise index entries per endpoint rank until num_gpu_blocks is scraped")
+    g.add_argument("--kv-events-max-blocks", type=int, default=_K.max_blocks,
+                   help="leading token blocks of a prompt looked up at most")
+    g.add_argument("--kv-events-speculative-ttl", type=duration, default=_K.speculative_ttl_s, metavar="DURATION",
+                   help="how long decision-time entries count before events confirm them")
+    g.add_argument("--kv-events-resync-window", type=duration, default=_K.resync_window_s, metavar="DURATION",
+                   help="after lost events, fresh events needed this long before precise scoring resumes")
+    g.add_argument("--kv-events-silence-timeout", type=duration, default=_K.silence_timeout_s, metavar="DURATION",
+                   help="an endpoint routed to without any event for this long is scored approximately")
+    g.add_argument("--kv-events-replay-timeout", type=duration, default=_K.replay_timeout_s, metavar="DURATION",
+                   help="wait per replayed message")
+    g.add_argument("--tokenizer", default=_K.tokenizer,
+                   help="builtin (the simulator's), remote (the engine's POST /tokenize) or a tokenizer.json path")
+    g.add_argument("--tokenizer-timeout", type=duration, default=_K.tokenize_timeout_s, metavar="DURATION",
+                   help="timeout of a remote tokenization (then the approximate index scores the request)")
+
+
+def _kv_events_from_args(args: argparse.Namespace) -> KVEventsConfig:
+    return replace(
+        _K, prefix_scorer=args.prefix_scorer, enabled=args.kv_events, port=args.kv_events_port,
+        replay_port=args.kv_events_replay_port, dp_size=args.kv_events_dp_size,
+        block_size=args.kv_events_block_size, index_capacity=args.kv_events_index_capacity,
+        max_blocks=args.kv_events_max_blocks, speculative_ttl_s=args.kv_events_speculative_ttl,
+        resync_window_s=args.kv_events_resync_window, silence_timeout_s=args.kv_events_silence_timeout,
+        replay_timeout_s=args.kv_events_replay_timeout, tokenizer=args.tokenizer,
+        tokenize_timeout_s=args.tokenizer_timeout,
+    )
+
+
+def _validate_kv_events(k: KVEventsConfig) -> None:
+    from pathlib import Path
+
+    if min(k.port, k.dp_size, k.block_size, k.index_capacity, k.max_blocks) < 1 or k.replay_port < 0:
+        raise SystemExit("prefix-epp serve: --kv-events-* ports, sizes and capacities must be >= 1 "
+                         "(--kv-events-replay-port >= 0)")
+    if k.tokenizer not in ("builtin", "remote") and not Path(k.tokenizer).is_file():
+        raise SystemExit(f"prefix-epp serve: --tokenizer {k.tokenizer}: no such file (or builtin, remote)")
 
 
 def validate(config: EppConfig) -> None:
@@ -95,6 +177,19 @@ def validate(config: EppConfig) -> None:
         raise SystemExit("prefix-epp serve: give --endpoints or --pool-name")
     if config.max_endpoints < 1:
         raise SystemExit("prefix-epp serve: --max-endpoints must be >= 1")
+    if config.refresh_metrics_interval_s < 0 or config.metrics_staleness_threshold_s <= 0:
+        raise SystemExit("prefix-epp serve: --refresh-metrics-interval must be >= 0 and "
+                         "--metrics-staleness-threshold > 0")
+    _validate_kv_events(config.kv_events)
+    from extproc.discovery.pool import PoolError, pool_version
+    from extproc.scheduling.config_loader import ConfigError, load_config
+
+    try:
+        if config.pool_name:
+            pool_version(config.pool_group)
+        load_config(config)
+    except (ConfigError, PoolError) as exc:
+        raise SystemExit(f"prefix-epp serve: {exc}") from None
 
 
 async def serve(config: EppConfig) -> None:

@@ -13,6 +13,15 @@ Names follow the Go EPP where a metric has an equivalent there; our own use the 
 | prefix_epp_prefix_index_bytes | gauge | - (estimated memory of the index) |
 | prefix_epp_inflight_requests | gauge | endpoint |
 | inference_pool_ready_pods | gauge | name |
+| inference_pool_average_kv_cache_utilization | gauge | name (fresh scrapes only, as the Go EPP) |
+| inference_pool_average_queue_size | gauge | name (vllm:num_requests_waiting, fresh scrapes only) |
+| inference_pool_average_running_requests | gauge | name (fresh scrapes only) |
+| inference_pool_per_pod_queue_size | gauge | model_server_pod (endpoint name), name |
+| prefix_epp_endpoint_metrics_stale | gauge | endpoint (1: no successful scrape within --metrics-staleness-threshold) |
+| prefix_epp_cached_tokens_prediction_error_tokens | histogram | scorer (approximate, precise): abs error, tokens |
+| prefix_epp_cached_tokens_predicted_within_one_block_total | counter | scorer (abs error <= engine block size) |
+| prefix_epp_cached_tokens_predictions_total | counter | scorer (responses that reported cached_tokens) |
+| prefix_epp_kv_events_* | | KV-event subscriptions and precise index (extproc/kvevents/metrics.py) |
 
 Gauges that describe state are computed at scrape time by a collector, so the request path only
 increments counters and observes two histograms. Label children are cached per key.
@@ -20,6 +29,7 @@ increments counters and observes two histograms. Label children are cached per k
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,18 +37,26 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from extproc.config import EppConfig
 from extproc.datastore import Datastore
 from extproc.prefix.index import PrefixIndex
+from extproc.scheduling.load import usable_metrics
 
 DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+ERROR_TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+
+
+_STALENESS_S = EppConfig().metrics_staleness_threshold_s
 
 
 class _StateCollector(Collector):
-    def __init__(self, datastore: Datastore, index: PrefixIndex | None, pool_name: str) -> None:
+    def __init__(self, datastore: Datastore, index: PrefixIndex | None, pool_name: str,
+                 staleness_s: float = _STALENESS_S) -> None:
         self._ds = datastore
         self._index = index
         self._pool = pool_name
+        self._staleness_s = staleness_s
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         inflight = GaugeMetricFamily(
@@ -52,15 +70,46 @@ class _StateCollector(Collector):
                                   labels=["name"])
         ready.add_metric([self._pool], len(self._ds))
         yield ready
+        yield from self._pool_load()
         if self._index is not None:
             yield GaugeMetricFamily("inference_extension_prefix_indexer_size",
                                     "Entries (endpoint, block) in the prefix index", value=self._index.entries)
             yield GaugeMetricFamily("prefix_epp_prefix_index_bytes",
                                     "Estimated memory held by the prefix index", value=self._index.approx_bytes())
 
+    def _pool_load(self) -> Iterator[GaugeMetricFamily]:
+        now = time.monotonic()
+        per_pod = GaugeMetricFamily("inference_pool_per_pod_queue_size", "Waiting queue per model server",
+                                    labels=["model_server_pod", "name"])
+        stale = GaugeMetricFamily("prefix_epp_endpoint_metrics_stale",
+                                  "1 when an endpoint has no successful scrape within the staleness threshold",
+                                  labels=["endpoint"])
+        fresh = []
+        for ep in self._ds.snapshot():
+            m = usable_metrics(ep, now, self._staleness_s)
+            stale.add_metric([ep.key], 0 if m is not None else 1)
+            if m is not None:
+                fresh.append(m)
+                per_pod.add_metric([ep.spec.name or ep.key, self._pool], m.waiting)
+        n = len(fresh)
+        for name, doc, value in (
+            ("inference_pool_average_kv_cache_utilization", "Average KV cache utilization (0..1)",
+             sum(m.kv_usage for m in fresh) / n if n else 0.0),
+            ("inference_pool_average_queue_size", "Average waiting queue per model server",
+             sum(m.waiting for m in fresh) / n if n else 0.0),
+            ("inference_pool_average_running_requests", "Average running requests per model server",
+             sum(m.running for m in fresh) / n if n else 0.0),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["name"])
+            g.add_metric([self._pool], value)
+            yield g
+        yield per_pod
+        yield stale
+
 
 class EppMetrics:
-    def __init__(self, datastore: Datastore, index: PrefixIndex | None, pool_name: str = "") -> None:
+    def __init__(self, datastore: Datastore, index: PrefixIndex | None, pool_name: str = "",
+                 metrics_staleness_s: float = _STALENESS_S) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self._objective_requests = Counter(
@@ -76,7 +125,17 @@ class EppMetrics:
         self._hit_ratio = Histogram(
             "inference_extension_prefix_indexer_hit_ratio", "Matched share of prompt blocks on the chosen endpoint",
             buckets=RATIO_BUCKETS, registry=r)
-        r.register(_StateCollector(datastore, index, pool_name))
+        r.register(_StateCollector(datastore, index, pool_name, metrics_staleness_s))
+        self._prediction_error = Histogram(
+            "prefix_epp_cached_tokens_prediction_error_tokens",
+            "Absolute error of the predicted cached prompt tokens on the chosen endpoint (closed loop)",
+            ["scorer"], buckets=ERROR_TOKEN_BUCKETS, registry=r)
+        self._predicted_within = Counter(
+            "prefix_epp_cached_tokens_predicted_within_one_block",
+            "Predictions of cached tokens within one engine block of the reported value", ["scorer"], registry=r)
+        self._predictions = Counter(
+            "prefix_epp_cached_tokens_predictions", "Cached-token predictions compared with the response usage",
+            ["scorer"], registry=r)
         self._children: dict[tuple[object, ...], Any] = {}
         self.observe_decision: Callable[[float], None] = self._decision.observe
         self.observe_hit_ratio: Callable[[float], None] = self._hit_ratio.observe
@@ -92,6 +151,14 @@ class EppMetrics:
     def routed(self, model: str, target_model: str) -> None:
         self._child(self._objective_requests, (model, target_model)).inc()
         self._child(self._requests, ("routed", "200")).inc()
+
+    def observe_cached_prediction(self, scorer: str, error_tokens: int, within_one_block: bool) -> None:
+        """Closed loop (extproc/server/usage.py): one response's prediction error for one scorer."""
+        self._child(self._prediction_error, (scorer,)).observe(error_tokens)
+        self._child(self._predictions, (scorer,)).inc()
+        within = self._child(self._predicted_within, (scorer,))  # exported from the first prediction on
+        if within_one_block:
+            within.inc()
 
     def error(self, model: str, target_model: str, code: str, status: int) -> None:
         self._child(self._objective_requests, (model, target_model)).inc()

@@ -6,7 +6,9 @@
 - `Picker.pick(endpoints, totals, n)` returns up to n endpoints, best first.
 
 `SchedulingRequest` carries what plugins read; the scheduler fills `prefix_match` (blocks held per
-endpoint) explicitly before scorers run, so no scorer silently produces data for another.
+endpoint) explicitly before scorers run, so no scorer silently produces data for another. With KV
+events on, the director adds `token_keys` (our keys of the prompt's token blocks) and the scheduler
+fills `precise_match` and `precise_usable` from the `PreciseSource` (extproc/kvevents/manager.py).
 """
 
 from __future__ import annotations
@@ -25,10 +27,21 @@ class SchedulingRequest:
     block_hashes: list[int] = field(default_factory=list)
     priority: int = 0
     prefix_match: dict[str, int] = field(default_factory=dict)
+    token_keys: list[int] | None = None  # None: no precise lookup for this request
+    precise_match: dict[str, int] = field(default_factory=dict)
+    precise_usable: frozenset[str] = frozenset()  # endpoints whose KV events are trustworthy now
 
     @property
     def total_blocks(self) -> int:
         return len(self.block_hashes)
+
+
+class PreciseSource(Protocol):
+    """The precise index as the scheduler sees it (extproc/kvevents/manager.py)."""
+
+    def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]: ...
+
+    def record(self, endpoint: str, keys: Sequence[int]) -> None: ...
 
 
 class Filter(Protocol):

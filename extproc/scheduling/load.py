@@ -4,11 +4,17 @@ load = in-flight requests the picker routed there, plus, when a fresh scrape is 
 engine's reported waiting queue. In-flight requests already counted by that scrape are not
 counted twice: only those routed since the scrape (inflight - inflight_at_scrape) are added on
 top of the scraped `waiting + running`. Without a usable scrape, load = in-flight.
+
+Metric-based plugins (queue-scorer, kv-cache-utilization-scorer, lora-affinity-scorer,
+utilization-detector) read `usable_metrics`: the last scrape if it succeeded and is at most
+`staleness_s` old, else None (the plugin then treats the endpoint as saturated). Their queue is
+`queue_depth`: the scraped waiting queue plus the requests routed there since that scrape, so a
+slow or stale scrape cannot make every new request pile onto the pod that looked idle.
 """
 
 from __future__ import annotations
 
-from extproc.datastore import Endpoint
+from extproc.datastore import Endpoint, ModelServerMetrics
 
 
 def endpoint_load(ep: Endpoint) -> float:
@@ -17,3 +23,16 @@ def endpoint_load(ep: Endpoint) -> float:
         return float(ep.inflight)
     since_scrape = ep.inflight - ep.inflight_at_scrape
     return max(float(ep.inflight), m.waiting + m.running + max(since_scrape, 0))
+
+
+def usable_metrics(ep: Endpoint, now: float, staleness_s: float) -> ModelServerMetrics | None:
+    """The endpoint's last scrape if it succeeded at most `staleness_s` seconds before `now`."""
+    m = ep.metrics
+    if m is None or not m.ok or now - m.updated_at > staleness_s:
+        return None
+    return m
+
+
+def queue_depth(ep: Endpoint, m: ModelServerMetrics) -> float:
+    """Scraped waiting queue plus the requests routed to `ep` since that scrape."""
+    return m.waiting + max(ep.inflight - ep.inflight_at_scrape, 0)

@@ -1,11 +1,13 @@
 """The scheduler: one pass of filters -> prefix lookup -> weighted scorers -> picker -> record.
 
 1. Filters run in order; an empty result fails the request (the caller maps it to an error).
-2. The prefix index is consulted once for the surviving candidates (`request.prefix_match`).
+2. The prefix index is consulted once for the surviving candidates (`request.prefix_match`), and,
+   when the request has token keys, the precise index (`request.precise_match`, `precise_usable`).
 3. total(e) = sum_i weight_i * clamp(score_i(e), 0, 1) (the Go EPP's unnormalised weighted sum).
 4. The picker returns up to `max_endpoints` endpoints, best first.
 5. The request's block hashes are recorded in the index for the first pick (decision time), so
-   later requests with the same prefix find it there.
+   later requests with the same prefix find it there; its token keys become speculative entries
+   of the precise index.
 
 `Decision` keeps each scorer's score of the chosen endpoint and the matched blocks, which the
 optional explanation header reports.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from extproc.datastore import Endpoint
 from extproc.errors import EppError, ErrorCode
 from extproc.prefix.index import PrefixIndex
-from extproc.scheduling.interfaces import Filter, Picker, SchedulingRequest, Scorer
+from extproc.scheduling.interfaces import Filter, Picker, PreciseSource, SchedulingRequest, Scorer
 
 
 @dataclass(slots=True)
@@ -29,6 +31,9 @@ class Decision:
     total_blocks: int
     scores: list[tuple[str, float]]  # (scorer name, score of the chosen endpoint)
     total: float
+    precise_matched: int | None = None  # blocks the precise index matched on the chosen endpoint
+    precise_total: int = 0
+    precise_usable: bool = False  # the chosen endpoint's KV events were usable
 
     @property
     def primary(self) -> Endpoint:
@@ -40,6 +45,9 @@ class Decision:
 
     def explain(self) -> str:
         parts = [f"endpoint={self.primary.key}", f"matched={self.matched_blocks}/{self.total_blocks}"]
+        if self.precise_matched is not None:
+            usable = "" if self.precise_usable else " (approximate fallback)"
+            parts.append(f"precise={self.precise_matched}/{self.precise_total}{usable}")
         parts.extend(f"{name}={score:.3f}" for name, score in self.scores)
         parts.append(f"total={self.total:.3f}")
         return "; ".join(parts)
@@ -59,12 +67,14 @@ class Scheduler:
         picker: Picker,
         index: PrefixIndex | None,
         max_endpoints: int = 1,
+        precise: PreciseSource | None = None,
     ) -> None:
         self.filters = list(filters)
         self.scorers = list(scorers)
         self.picker = picker
         self.index = index
         self.max_endpoints = max_endpoints
+        self.precise = precise
 
     def schedule(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> Decision:
         endpoints: Sequence[Endpoint] = candidates
@@ -74,6 +84,10 @@ class Scheduler:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, f"no endpoint left after filter {f.name}")
         if self.index is not None and request.block_hashes:
             request.prefix_match = self.index.match(request.block_hashes, [ep.key for ep in endpoints])
+        precise = self.precise if request.token_keys else None
+        if precise is not None and request.token_keys:
+            request.precise_match, request.precise_usable = precise.match(
+                request.token_keys, [ep.key for ep in endpoints])
         n = len(endpoints)
         totals = [0.0] * n
         per_scorer: list[list[float]] = []
@@ -89,10 +103,15 @@ class Scheduler:
         ci = endpoints.index(chosen)
         if self.index is not None and request.block_hashes:
             self.index.record(chosen.key, request.block_hashes)
+        if precise is not None and request.token_keys:
+            precise.record(chosen.key, request.token_keys)
         return Decision(
             endpoints=picked,
             matched_blocks=request.prefix_match.get(chosen.key, 0),
             total_blocks=request.total_blocks,
             scores=[(ws.scorer.name, per_scorer[k][ci]) for k, ws in enumerate(self.scorers)],
             total=totals[ci],
+            precise_matched=request.precise_match.get(chosen.key, 0) if precise is not None else None,
+            precise_total=len(request.token_keys or ()),
+            precise_usable=chosen.key in request.precise_usable,
         )

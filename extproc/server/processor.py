@@ -15,6 +15,9 @@ BUFFERED request body: request_headers is answered at once (empty); the single r
 message is answered with the destination header mutation and metadata; the body is left as is.
 
 A request without a body (request_headers.end_of_stream) is routed at once in the headers reply.
+With an asynchronous tokenizer (`--tokenizer remote`) the complete body is first handed to
+`Director.prepare`, awaited, before routing. Response body chunks also feed the closed loop's
+usage tail (extproc/server/usage.py), which reports at the end of the response.
 Errors end the exchange with an ImmediateResponse. In-flight accounting is released when the
 response ends, and in any case when the stream ends (client gone, Envoy reset, error).
 Ordering rule: nothing for the request body or trailers is sent before the headers reply.
@@ -37,6 +40,7 @@ from extproc.server import responses as R
 
 if TYPE_CHECKING:
     from extproc.scheduling.scheduler import Decision
+    from extproc.server.usage import UsageTracker
 
 log = logging.getLogger("prefix_epp.extproc")
 
@@ -51,7 +55,7 @@ _WANTED_HEADERS = frozenset({
 
 class StreamProcessor:
     __slots__ = ("_body", "_body_done", "_director", "_endpoint", "_explain", "_metrics", "_new_request_id",
-                 "_request_mode", "_response_mode", "ctx", "decision")
+                 "_request_mode", "_response_mode", "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool) -> None:
         self._director = director
@@ -65,6 +69,7 @@ class StreamProcessor:
         self.decision: Decision | None = None
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _NONE
+        self._usage: UsageTracker | None = None
 
     async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
         try:
@@ -73,6 +78,8 @@ class StreamProcessor:
                 if kind == "request_headers":
                     out = self.on_request_headers(msg)
                 elif kind == "request_body":
+                    if msg.request_body.end_of_stream and not self._body_done and self._director.tokenizes_async:
+                        await self._director.prepare(self.ctx, b"".join([*self._body, msg.request_body.body]))
                     out = self.on_request_body(msg.request_body)
                 elif kind == "request_trailers":
                     out = self.on_request_trailers()
@@ -148,6 +155,7 @@ class StreamProcessor:
         self._metrics.observe_decision(time.perf_counter() - start)
         self.decision = decision
         self._endpoint = decision.primary
+        self._usage = self._director.track_usage(ctx, decision)
         if decision.total_blocks:
             self._metrics.observe_hit_ratio(decision.matched_blocks / decision.total_blocks)
         model = ctx.parsed.model if ctx.parsed else ""
@@ -189,6 +197,12 @@ class StreamProcessor:
         return out
 
     def on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        usage = self._usage
+        if usage is not None:
+            usage.feed(body.body)
+            if body.end_of_stream:
+                self._usage = None
+                usage.finish()
         if body.end_of_stream:
             self._complete()
         if self._response_mode == _FULL_DUPLEX:
@@ -196,6 +210,9 @@ class StreamProcessor:
         return [R.empty_response_body()]
 
     def on_response_trailers(self) -> list[pb.ProcessingResponse]:
+        usage, self._usage = self._usage, None
+        if usage is not None:
+            usage.finish()
         self._complete()
         return [R.empty_trailers(request=False)]
 

@@ -1,0 +1,319 @@
+"""The precise prefix index: which (endpoint, rank) holds which block, as its engine reported.
+
+Dual-key structure (llm-d's design, in our own key space, see extproc/kvevents/keys.py):
+- `_holders`: our key -> bitmask of slots holding it (one walk answers every candidate).
+- A *confirmed* slot per source (endpoint, data-parallel rank): `entries` our key -> engine hash,
+  in LRU order (insertion order; a re-stored block moves to the end), and `engine` engine hash ->
+  our key, which resolves `parent_block_hash` of later `BlockStored` events and `BlockRemoved`.
+- A *speculative* slot per endpoint: keys predicted at decision time for the chosen endpoint
+  (`record_speculative`), each living `speculative_ttl_s` (default 2 s) so back-to-back requests
+  with one prefix stick before the engine's events arrive. A `BlockRemoved` drops the key from the
+  speculative slot too.
+
+Events (`apply`): `BlockStored` re-hashes `token_ids` from the key its parent maps to (the chain
+root for a sequence's first block); a parent unknown on that source (stored before we listened,
+or already dropped) makes the event an *orphan*: counted, not indexed. `BlockRemoved` unmaps the
+engine hashes. `AllBlocksCleared` empties the source.
+
+Matching (`match`): for each candidate endpoint, the longest run of leading keys held by any one
+of its slots (max over ranks and the speculative slot). The walk ANDs bitmasks and stops at the
+first key nobody holds.
+
+Memory: each confirmed slot holds at most its capacity (`set_capacity`, from the engine's
+`num_gpu_blocks` when scraped, else the default `--kv-events-index-capacity`, 32768); beyond it the
+least recently stored entries go. `BYTES_PER_ENTRY` is measured (tests/kvevents/test_index.py,
+tracemalloc, CPython 3.11): a key in `_holders`, `entries` and `engine` plus the engine's hash
+int cost 160-230 bytes depending on the dicts' fill; the estimate uses the upper end, i.e. ~7.5 MB
+per endpoint rank at the default capacity.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from extproc.kvevents.keys import chain_keys, key_seed
+from extproc.kvevents.wire import Cleared, Event, Removed, Stored
+
+Source = tuple[str, int]  # (endpoint key, data-parallel rank)
+BYTES_PER_ENTRY = 230  # measured with tracemalloc, CPython 3.11 (tests/kvevents/test_index.py)
+
+
+class _Slot:
+    __slots__ = ("alive", "bit", "endpoint")
+
+    def __init__(self, bit: int, endpoint: str) -> None:
+        self.bit = bit
+        self.endpoint = endpoint
+        self.alive = True
+
+
+class _Confirmed(_Slot):
+    __slots__ = ("engine", "entries")
+
+    def __init__(self, bit: int, endpoint: str) -> None:
+        super().__init__(bit, endpoint)
+        self.entries: dict[int, int] = {}  # our key -> engine hash, LRU order
+        self.engine: dict[int, int] = {}  # engine hash -> our key
+
+
+class _Speculative(_Slot):
+    __slots__ = ("entries",)
+
+    def __init__(self, bit: int, endpoint: str) -> None:
+        super().__init__(bit, endpoint)
+        self.entries: dict[int, float] = {}  # our key -> expiry (clock seconds)
+
+
+class PreciseIndex:
+    def __init__(self, default_capacity: int = 32768, speculative_ttl_s: float = 2.0) -> None:
+        if default_capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.default_capacity = default_capacity
+        self.speculative_ttl_s = speculative_ttl_s
+        self._holders: dict[int, int] = {}
+        self._confirmed: dict[Source, _Confirmed] = {}
+        self._speculative: dict[str, _Speculative] = {}
+        self._slots_of: dict[str, list[_Slot]] = {}
+        self._owner: dict[int, str] = {}  # bit -> endpoint
+        self._free_bits: list[int] = []
+        self._next_bit = 0
+        self._capacity: dict[str, int] = {}
+        self._queue: deque[tuple[float, _Speculative, Sequence[int]]] = deque()
+        self.lora_names: set[str] = set()
+        self.last_block_size = 0  # block_size of the latest BlockStored
+        self.entries = 0  # confirmed (slot, key) entries
+        self.stored = self.removed = self.orphaned = self.evicted = self.skipped = self.cleared = 0
+
+    # -- slots -------------------------------------------------------------------------------
+    def _new_bit(self, endpoint: str) -> int:
+        bit = self._free_bits.pop() if self._free_bits else self._next_bit
+        if bit == self._next_bit:
+            self._next_bit += 1
+        self._owner[bit] = endpoint
+        return bit
+
+    def _confirmed_slot(self, source: Source) -> _Confirmed:
+        slot = self._confirmed.get(source)
+        if slot is None:
+            slot = _Confirmed(self._new_bit(source[0]), source[0])
+            self._confirmed[source] = slot
+            self._slots_of.setdefault(source[0], []).append(slot)
+        return slot
+
+    def _speculative_slot(self, endpoint: str) -> _Speculative:
+        slot = self._speculative.get(endpoint)
+        if slot is None:
+            slot = _Speculative(self._new_bit(endpoint), endpoint)
+            self._speculative[endpoint] = slot
+            self._slots_of.setdefault(endpoint, []).append(slot)
+        return slot
+
+    def _clear_bit(self, key: int, bit: int) -> None:
+        mask = self._holders.get(key, 0) & ~(1 << bit)
+        if mask:
+            self._holders[key] = mask
+        else:
+            self._holders.pop(key, None)
+
+    def set_capacity(self, endpoint: str, capacity: int) -> None:
+        """Entries per confirmed slot of `endpoint` (e.g. the engine's num_gpu_blocks)."""
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self._capacity[endpoint] = capacity
+        for slot in self._slots_of.get(endpoint, ()):
+            if isinstance(slot, _Confirmed):
+                self._evict(slot, capacity)
+
+    def capacity(self, endpoint: str) -> int:
+        return self._capacity.get(endpoint, self.default_capacity)
+
+    # -- events (subscriber tasks) -----------------------------------------------------------
+    def apply(self, source: Source, event: Event) -> int:
+        """Apply one decoded event from `source`; returns the blocks it added or removed."""
+        if isinstance(event, Stored):
+            return self._stored(source, event)
+        if isinstance(event, Removed):
+            return self._removed(source, event) if event.indexable else 0
+        if isinstance(event, Cleared):
+            self.cleared += 1
+            self.clear_source(source)
+        return 0
+
+    def _stored(self, source: Source, ev: Stored) -> int:
+        if not ev.indexable:
+            self.skipped += len(ev.block_hashes)
+            return 0
+        slot = self._confirmed_slot(source)
+        if ev.parent is None:
+            parent = key_seed(ev.lora_name)
+        else:
+            found = slot.engine.get(ev.parent)
+            if found is None:
+                self.orphaned += len(ev.block_hashes)
+                return 0
+            parent = found
+        if ev.lora_name:
+            self.lora_names.add(ev.lora_name)
+        self.last_block_size = ev.block_size
+        try:
+            keys = chain_keys(ev.token_ids, ev.block_size, parent)
+        except ValueError:
+            self.skipped += len(ev.block_hashes)
+            return 0
+        holders, entries, engine, bit = self._holders, slot.entries, slot.engine, 1 << slot.bit
+        added = 0
+        for engine_hash, key in zip(ev.block_hashes, keys, strict=False):
+            old = entries.pop(key, None)
+            if old is None:
+                holders[key] = holders.get(key, 0) | bit
+                added += 1
+            elif old != engine_hash:
+                engine.pop(old, None)
+            entries[key] = engine_hash
+            engine[engine_hash] = key
+        self.entries += added
+        self.stored += added
+        capacity = self._capacity.get(source[0], self.default_capacity)
+        if len(entries) > capacity:
+            self._evict(slot, capacity)
+        return added
+
+    def _removed(self, source: Source, ev: Removed) -> int:
+        slot = self._confirmed.get(source)
+        if slot is None:
+            return 0
+        spec = self._speculative.get(source[0])
+        entries, engine = slot.entries, slot.engine
+        n = 0
+        for engine_hash in ev.block_hashes:
+            key = engine.pop(engine_hash, None)
+            if key is None:
+                continue
+            if entries.get(key) == engine_hash:
+                del entries[key]
+                self._clear_bit(key, slot.bit)
+                n += 1
+            if spec is not None and spec.entries.pop(key, None) is not None:
+                self._clear_bit(key, spec.bit)
+        self.entries -= n
+        self.removed += n
+        return n
+
+    def _evict(self, slot: _Confirmed, capacity: int) -> None:
+        excess = len(slot.entries) - capacity
+        if excess <= 0:
+            return
+        victims = []
+        for key in slot.entries:
+            victims.append(key)
+            if len(victims) >= excess:
+                break
+        for key in victims:
+            slot.engine.pop(slot.entries.pop(key), None)
+            self._clear_bit(key, slot.bit)
+        self.entries -= len(victims)
+        self.evicted += len(victims)
+
+    def clear_source(self, source: Source) -> None:
+        """Forget what one source holds (cache reset, engine restart, lost events)."""
+        slot = self._confirmed.get(source)
+        if slot is None:
+            return
+        for key in slot.entries:
+            self._clear_bit(key, slot.bit)
+        self.entries -= len(slot.entries)
+        slot.entries = {}
+        slot.engine = {}
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        """Purge an endpoint that left the pool: all its ranks and its speculative entries."""
+        for slot in self._slots_of.pop(endpoint, ()):
+            keys: Iterable[int] = slot.entries if isinstance(slot, _Confirmed | _Speculative) else ()
+            for key in keys:
+                self._clear_bit(key, slot.bit)
+            if isinstance(slot, _Confirmed):
+                self.entries -= len(slot.entries)
+            slot.alive = False
+            self._owner.pop(slot.bit, None)
+            self._free_bits.append(slot.bit)
+        for source in [s for s in self._confirmed if s[0] == endpoint]:
+            del self._confirmed[source]
+        self._speculative.pop(endpoint, None)
+        self._capacity.pop(endpoint, None)
+
+    # -- request path ------------------------------------------------------------------------
+    def record_speculative(self, endpoint: str, keys: Sequence[int], now: float) -> None:
+        """The request with these keys was just routed to `endpoint`: count them for the TTL."""
+        if not keys or self.speculative_ttl_s <= 0:
+            return
+        slot = self._speculative_slot(endpoint)
+        expiry = now + self.speculative_ttl_s
+        holders, entries, bit = self._holders, slot.entries, 1 << slot.bit
+        for key in keys:
+            if entries.pop(key, None) is None:
+                holders[key] = holders.get(key, 0) | bit
+            entries[key] = expiry
+        self._queue.append((expiry, slot, keys))
+        capacity = self.capacity(endpoint)
+        if len(entries) > capacity:
+            for key in list(entries)[: len(entries) - capacity]:
+                del entries[key]
+                self._clear_bit(key, slot.bit)
+
+    def expire(self, now: float) -> None:
+        """Drop speculative entries whose TTL has passed (cheap when none has)."""
+        queue = self._queue
+        while queue and queue[0][0] <= now:
+            expiry, slot, keys = queue.popleft()
+            if not slot.alive:
+                continue
+            entries = slot.entries
+            for key in keys:
+                if entries.get(key) == expiry:
+                    del entries[key]
+                    self._clear_bit(key, slot.bit)
+
+    def match(self, keys: Sequence[int], candidates: Iterable[str], now: float) -> dict[str, int]:
+        """Leading keys held per candidate (best slot); candidates holding none are omitted."""
+        self.expire(now)
+        active = 0
+        slots_of = self._slots_of
+        for ep in candidates:
+            for slot in slots_of.get(ep, ()):
+                active |= 1 << slot.bit
+        result: dict[str, int] = {}
+        if not active or not keys:
+            return result
+        holders = self._holders
+        for i, key in enumerate(keys):
+            nxt = holders.get(key, 0) & active
+            if nxt != active:
+                if i:
+                    self._assign(active & ~nxt, i, result)
+                active = nxt
+                if not active:
+                    return result
+        self._assign(active, len(keys), result)
+        return result
+
+    def _assign(self, mask: int, matched: int, result: dict[str, int]) -> None:
+        owner = self._owner
+        while mask:
+            low = mask & -mask
+            ep = owner[low.bit_length() - 1]
+            if result.get(ep, 0) < matched:
+                result[ep] = matched
+            mask ^= low
+
+    # -- introspection -----------------------------------------------------------------------
+    def held(self, endpoint: str) -> int:
+        """Confirmed entries of an endpoint, all ranks together."""
+        return sum(len(s.entries) for s in self._slots_of.get(endpoint, ()) if isinstance(s, _Confirmed))
+
+    def speculative(self, endpoint: str) -> int:
+        slot = self._speculative.get(endpoint)
+        return len(slot.entries) if slot is not None else 0
+
+    def approx_bytes(self) -> int:
+        return self.entries * BYTES_PER_ENTRY

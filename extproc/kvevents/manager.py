@@ -1,0 +1,207 @@
+"""KV-event subscriptions that follow the datastore, and the precise view the scheduler reads.
+
+Subscriptions: the datastore's on_added/on_removed listeners start and stop one `Subscriber` task
+per (endpoint, data-parallel rank) while `run()` is active. Addresses:
+- events: `EndpointSpec.kv_events_endpoint` when set (Kubernetes: annotation
+  `prefix-epp.io/kv-events-endpoint`; static: `host:port@tcp://h:p`), else
+  `tcp://<endpoint host>:<--kv-events-port>` (5557, vLLM's default);
+- replay: a second `@tcp://h:p` in that field, else `tcp://<events host>:<--kv-events-replay-port>`
+  when that flag is > 0 (0, the default: no replay);
+- data parallelism (`--kv-events-dp-size`, default 1): rank r publishes on the events port + r (and
+  replays on the replay port + r), as vLLM offsets its ports. Entries are kept per (endpoint,
+  rank); an endpoint's match is its best rank (vLLM's own DP balancer may still pick another
+  rank). With one rank the rank is 0 and plays no role.
+A changed `kv_events_endpoint` on an existing endpoint takes effect when it is re-added.
+
+Request path (never waits on a subscriber):
+- `keys_for(model, cache_salt, tokens)`: our block keys at the engine block size (the scraped
+  `vllm:cache_config_info` block_size, else the latest `BlockStored.block_size`, else
+  `--kv-events-block-size`, 16), chained from the adapter's root when `model` is a LoRA adapter
+  seen in events. A request with a `cache_salt` gets None (vLLM salts its first block).
+- `match(keys, candidates)` -> (blocks held per endpoint, endpoints whose events are usable).
+  Usable = every rank heard from its publisher and none uncertain, and not *silent*: requests
+  were routed to it `--kv-events-silence-timeout` (10 s) ago and no message came since (an idle
+  engine publishes nothing, so plain silence is no evidence). Entries of a silent endpoint are
+  kept; the next message makes it usable again.
+- `record(endpoint, keys)`: speculative entries for the chosen endpoint (TTL
+  `--kv-events-speculative-ttl`, 2 s).
+
+Maintenance every `maintenance_interval_s` (0.5 s): expire speculative entries, size each
+endpoint's slots from its scraped `num_gpu_blocks`, refresh the block size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import zmq.asyncio
+
+from extproc.config import KVEventsConfig
+from extproc.datastore import Datastore, Endpoint
+from extproc.kvevents.index import PreciseIndex
+from extproc.kvevents.keys import chain_keys, key_seed
+from extproc.kvevents.subscriber import Loss, SourceAddress, Subscriber, SubscriberStats
+
+log = logging.getLogger("prefix_epp.kvevents")
+
+
+def _tcp(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _split_tcp(address: str) -> tuple[str, int] | None:
+    """(host, port) of tcp://host:port or tcp://[v6]:port; None for anything else."""
+    if not address.startswith("tcp://"):
+        return None
+    rest = address[6:]
+    host, sep, port = rest[1:].partition("]:") if rest.startswith("[") else rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def _offset(address: str, rank: int) -> str:
+    if rank == 0:
+        return address
+    parsed = _split_tcp(address)
+    if parsed is None:
+        raise ValueError(f"cannot offset {address!r} by a data-parallel rank")
+    return _tcp(parsed[0], parsed[1] + rank)
+
+
+def source_addresses(ep: Endpoint, config: KVEventsConfig) -> list[SourceAddress]:
+    """Where each rank of `ep` publishes (and replays); see the module docstring."""
+    explicit = ep.spec.kv_events_endpoint.strip()
+    events, _, replay = explicit.partition("@") if explicit else (_tcp(ep.address, config.port), "", "")
+    if not replay and config.replay_port > 0:
+        parsed = _split_tcp(events)
+        host = parsed[0] if parsed is not None else ep.address
+        replay = _tcp(host, config.replay_port)
+    return [SourceAddress(ep.key, r, _offset(events, r), _offset(replay, r) if replay else None)
+            for r in range(max(1, config.dp_size))]
+
+
+class KVEventsManager:
+    def __init__(self, config: KVEventsConfig, datastore: Datastore, *,
+                 clock: Callable[[], float] = time.monotonic, loss: Loss | None = None) -> None:
+        self.config = config
+        self.datastore = datastore
+        self.index = PreciseIndex(config.index_capacity, config.speculative_ttl_s)
+        self.stats = SubscriberStats()
+        self.block_size = config.block_size
+        self._clock = clock
+        self._loss = loss
+        self._ctx: zmq.asyncio.Context | None = None
+        self._subs: dict[str, list[Subscriber]] = {}
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._awaiting: dict[str, float] = {}  # endpoint -> first routing since its last message
+        self._capacity: dict[str, int] = {}
+        datastore.on_added(self._added)
+        datastore.on_removed(self._removed)
+
+    # -- subscriptions -----------------------------------------------------------------------
+    def _added(self, ep: Endpoint) -> None:
+        if self._ctx is None or ep.key in self._subs:
+            return
+        try:
+            addresses = source_addresses(ep, self.config)
+        except ValueError as exc:
+            log.warning("kv events address invalid; endpoint scored approximately",
+                        extra={"endpoint": ep.key, "error": str(exc)})
+            return
+        subs = [Subscriber(a, self._ctx, self.index, self.config, self.stats, self._clock,
+                           on_heard=self._heard, loss=self._loss) for a in addresses]
+        self._subs[ep.key] = subs
+        loop = asyncio.get_running_loop()
+        self._tasks[ep.key] = [loop.create_task(s.run(), name=f"kv-events {s.address.events}") for s in subs]
+        log.info("kv events subscribed", extra={"endpoint": ep.key, "events": [a.events for a in addresses],
+                                                "replay": addresses[0].replay})
+
+    def _removed(self, ep: Endpoint) -> None:
+        for task in self._tasks.pop(ep.key, ()):
+            task.cancel()
+        self._subs.pop(ep.key, None)
+        self._awaiting.pop(ep.key, None)
+        self._capacity.pop(ep.key, None)
+        self.index.remove_endpoint(ep.key)
+
+    def _heard(self, endpoint: str) -> None:
+        self._awaiting.pop(endpoint, None)
+
+    def now(self) -> float:
+        return self._clock()
+
+    def subscribers(self, endpoint: str) -> list[Subscriber]:
+        return self._subs.get(endpoint, [])
+
+    async def run(self) -> None:
+        """Subscribe to every endpoint, now and as they come, until cancelled."""
+        self._ctx = zmq.asyncio.Context()
+        try:
+            for ep in self.datastore.snapshot():
+                self._added(ep)
+            while True:
+                await asyncio.sleep(self.config.maintenance_interval_s)
+                self.maintain()
+        finally:
+            tasks = [t for ts in self._tasks.values() for t in ts]
+            self._tasks.clear()
+            self._subs.clear()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            ctx, self._ctx = self._ctx, None
+            ctx.destroy(linger=0)
+
+    def maintain(self) -> None:
+        self.index.expire(self._clock())
+        block_size = 0
+        for ep in self.datastore.snapshot():
+            m = ep.metrics
+            if m is None or m.num_gpu_blocks <= 0:
+                continue
+            block_size = block_size or m.block_size
+            if self._capacity.get(ep.key) != m.num_gpu_blocks:
+                self._capacity[ep.key] = m.num_gpu_blocks
+                with contextlib.suppress(ValueError):
+                    self.index.set_capacity(ep.key, m.num_gpu_blocks)
+        self.block_size = block_size or self.index.last_block_size or self.config.block_size
+
+    # -- request path ------------------------------------------------------------------------
+    def keys_for(self, model: str, cache_salt: str, tokens: Sequence[int]) -> list[int] | None:
+        if cache_salt:
+            return None
+        seed = key_seed(model if model in self.index.lora_names else None)
+        try:
+            return chain_keys(tokens, self.block_size, seed, self.config.max_blocks)
+        except ValueError:
+            return None
+
+    def usable(self, endpoint: str, now: float) -> bool:
+        subs = self._subs.get(endpoint)
+        if not subs:
+            return False
+        window = self.config.resync_window_s
+        if not all(s.state.usable(now, window) for s in subs):
+            return False
+        since = self._awaiting.get(endpoint)
+        return since is None or now - since <= self.config.silence_timeout_s
+
+    def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]:
+        now = self._clock()
+        usable = frozenset(ep for ep in candidates if self.usable(ep, now))
+        return self.index.match(keys, candidates, now), usable
+
+    def record(self, endpoint: str, keys: Sequence[int]) -> None:
+        now = self._clock()
+        self._awaiting.setdefault(endpoint, now)
+        self.index.record_speculative(endpoint, keys, now)
+
+
+def kv_events_wanted(config: KVEventsConfig, scorer_types: Sequence[str]) -> bool:
+    """Subscribe when asked (--kv-events), or when a scorer of the profile needs the precise index."""
+    return config.enabled or config.prefix_scorer == "precise" or "precise-prefix-cache-scorer" in scorer_types

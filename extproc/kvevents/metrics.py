@@ -1,0 +1,64 @@
+"""Prometheus view of the KV-event subscriptions and the precise index (read at scrape time).
+
+| metric | type | labels |
+|---|---|---|
+| prefix_epp_kv_events_index_entries | gauge | - (confirmed (source, block) entries) |
+| prefix_epp_kv_events_index_bytes | gauge | - (entries x measured bytes per entry) |
+| prefix_epp_kv_events_endpoint_usable | gauge | endpoint (0: scored by the approximate index) |
+| prefix_epp_kv_events_messages_total | counter | - |
+| prefix_epp_kv_events_events_total | counter | type (BlockStored, BlockRemoved, AllBlocksCleared, unknown) |
+| prefix_epp_kv_events_blocks_total | counter | op (stored, removed, orphaned, evicted, skipped) |
+| prefix_epp_kv_events_gaps_total, prefix_epp_kv_events_restarts_total | counter | - |
+| prefix_epp_kv_events_replays_total | counter | outcome (recovered, incomplete, failed) |
+| prefix_epp_kv_events_resyncs_total | counter | reason |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from extproc.kvevents.manager import KVEventsManager
+
+
+class KVEventsCollector(Collector):
+    def __init__(self, manager: KVEventsManager) -> None:
+        self._m = manager
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        m, idx, st = self._m, self._m.index, self._m.stats
+        yield GaugeMetricFamily("prefix_epp_kv_events_index_entries", "Confirmed entries in the precise index",
+                                value=idx.entries)
+        yield GaugeMetricFamily("prefix_epp_kv_events_index_bytes", "Estimated memory of the precise index",
+                                value=idx.approx_bytes())
+        usable = GaugeMetricFamily("prefix_epp_kv_events_endpoint_usable",
+                                   "1 when the endpoint's KV events are usable for precise scoring",
+                                   labels=["endpoint"])
+        now = m.now()
+        for ep in m.datastore.snapshot():
+            usable.add_metric([ep.key], 1 if m.usable(ep.key, now) else 0)
+        yield usable
+        yield CounterMetricFamily("prefix_epp_kv_events_messages", "KV-event messages applied", value=st.messages)
+        events = CounterMetricFamily("prefix_epp_kv_events_events", "KV events applied", labels=["type"])
+        for name, n in st.events.items():
+            events.add_metric([name], n)
+        yield events
+        blocks = CounterMetricFamily("prefix_epp_kv_events_blocks", "Blocks by index operation", labels=["op"])
+        for op, n in (("stored", idx.stored), ("removed", idx.removed), ("orphaned", idx.orphaned),
+                      ("evicted", idx.evicted), ("skipped", idx.skipped)):
+            blocks.add_metric([op], n)
+        yield blocks
+        yield CounterMetricFamily("prefix_epp_kv_events_gaps", "Sequence gaps detected", value=st.gaps)
+        yield CounterMetricFamily("prefix_epp_kv_events_restarts", "Publisher restarts (sequence went back)",
+                                  value=st.restarts)
+        replays = CounterMetricFamily("prefix_epp_kv_events_replays", "Replay requests", labels=["outcome"])
+        for outcome, n in st.replays.items():
+            replays.add_metric([outcome], n)
+        yield replays
+        resyncs = CounterMetricFamily("prefix_epp_kv_events_resyncs", "Entries dropped and endpoint uncertain",
+                                      labels=["reason"])
+        for reason, n in st.resyncs.items():
+            resyncs.add_metric([reason], n)
+        yield resyncs

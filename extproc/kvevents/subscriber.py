@@ -1,0 +1,289 @@
+"""One subscription to one engine publisher (endpoint, data-parallel rank): receive, check, apply.
+
+Loop (one asyncio task, never on the request path): a zmq.asyncio SUB socket connects to the
+publisher and subscribes to every topic. Each iteration takes the next message plus whatever is
+already queued, up to `max_messages_per_iteration` (64), decodes and applies them to the index,
+then yields to the event loop, so a burst never starves request handling.
+
+Sequence numbers (8-byte big-endian, 0, 1, 2, ... per publisher), with `next` the expected one:
+- seq == next: apply.
+- seq > next (a gap: the PUB socket dropped messages at its high-water mark, or we joined late;
+  the first message ever must be 0): with a replay endpoint, ask it for everything from `next`
+  (DEALER; send ["", start as 8-byte big-endian]; read ["", seq, payload] until seq = -1, each
+  read bounded by `replay_timeout_s`, 1 s). A replay that starts at `next` and is contiguous
+  recovers exactly; queued live messages it already covered are skipped as duplicates. Otherwise
+  (no replay, timeout, buffer no longer reaching back) *resync*: drop this source's entries and
+  mark it uncertain, then apply what arrived.
+- seq < next: a new publisher (engine restart: its cache is empty): drop the entries and start
+  over at this sequence (0 is complete; anything else is also a gap from 0).
+With a replay endpoint the subscriber also replays from 0 right after connecting, so joining a
+running engine recovers its whole state when the engine's buffer (vLLM `buffer_steps`, 10,000)
+still holds it. An undecodable payload counts as a loss (resync).
+
+`SourceState` is what the manager reads: a source is *usable* once it has heard from its
+publisher (a message or a replay) and is not uncertain; an uncertain source becomes usable again
+once fresh events have been applied for `resync_window_s` (default 5 s). Test seam: `loss(endpoint,
+seq)` returning True discards a received message, exactly as a high-water-mark drop would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from extproc.config import KVEventsConfig
+from extproc.kvevents.index import PreciseIndex, Source
+from extproc.kvevents.wire import Cleared, Removed, Stored, WireError, decode_batch
+
+log = logging.getLogger("prefix_epp.kvevents")
+
+END_OF_REPLAY = -1
+MAX_REPLAY_MESSAGES = 1_000_000
+Clock = Callable[[], float]
+Loss = Callable[[str, int], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceAddress:
+    endpoint: str  # datastore key
+    rank: int
+    events: str  # tcp://host:port of the PUB socket
+    replay: str | None = None  # tcp://host:port of the ROUTER replay socket
+
+    @property
+    def source(self) -> Source:
+        return (self.endpoint, self.rank)
+
+
+@dataclass(slots=True)
+class SourceState:
+    next_seq: int | None = None
+    heard_at: float | None = None  # last message or replay
+    uncertain_since: float | None = None
+    fresh_since: float | None = None  # first event applied after the source became uncertain
+    reason: str = "never-heard"
+    replaying: bool = False
+
+    def usable(self, now: float, window_s: float) -> bool:
+        if self.heard_at is None or self.replaying:
+            return False
+        if self.uncertain_since is None:
+            return True
+        if self.fresh_since is not None and now - self.fresh_since >= window_s:
+            self.uncertain_since = self.fresh_since = None
+            self.reason = ""
+            return True
+        return False
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    messages: int = 0
+    events: dict[str, int] = field(default_factory=lambda: {"BlockStored": 0, "BlockRemoved": 0,
+                                                            "AllBlocksCleared": 0, "unknown": 0})
+    gaps: int = 0
+    restarts: int = 0
+    replays: dict[str, int] = field(default_factory=lambda: {"recovered": 0, "incomplete": 0, "failed": 0})
+    resyncs: dict[str, int] = field(default_factory=dict)
+    decode_errors: int = 0
+
+
+class Subscriber:
+    def __init__(self, address: SourceAddress, ctx: zmq.asyncio.Context, index: PreciseIndex,
+                 config: KVEventsConfig, stats: SubscriberStats, clock: Clock,
+                 on_heard: Callable[[str], None] | None = None, loss: Loss | None = None) -> None:
+        self.address = address
+        self.state = SourceState()
+        self._ctx = ctx
+        self._index = index
+        self._config = config
+        self._stats = stats
+        self._clock = clock
+        self._on_heard = on_heard
+        self._loss = loss
+        self._dup_from: int | None = None  # live messages in [dup_from, next) were replayed already
+
+    async def run(self) -> None:
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address.events)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        limit = max(1, self._config.max_messages_per_iteration)
+        try:
+            if self.address.replay:
+                await self._sync_from_start()
+            while True:
+                batch = [await sock.recv_multipart()]
+                while len(batch) < limit:
+                    try:
+                        batch.append(await sock.recv_multipart(flags=zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                for frames in batch:
+                    await self.on_frames(frames)
+                await asyncio.sleep(0)
+        finally:
+            sock.close(linger=0)
+
+    # -- message handling --------------------------------------------------------------------
+    async def on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self._stats.decode_errors += 1
+            self._resync("malformed-message")
+            return
+        seq = int.from_bytes(frames[1], "big", signed=True)
+        if self._loss is not None and self._loss(self.address.endpoint, seq):
+            return
+        await self.on_message(seq, frames[2])
+
+    async def on_message(self, seq: int, payload: bytes) -> None:
+        st = self.state
+        self._heard()
+        if self._dup_from is not None:
+            if st.next_seq is not None and self._dup_from <= seq < st.next_seq:
+                return
+            self._dup_from = None
+        expected = 0 if st.next_seq is None else st.next_seq
+        if seq == expected:
+            self._apply(seq, payload)
+            return
+        if seq < expected:
+            self._stats.restarts += 1
+            log.warning("kv events sequence went back: new publisher, entries dropped",
+                        extra={"endpoint": self.address.endpoint, "rank": self.address.rank,
+                               "expected_seq": expected, "seq": seq})
+            self._index.clear_source(self.address.source)
+            if seq == 0:
+                self._apply(seq, payload)
+                return
+            expected = 0
+        self._stats.gaps += 1
+        log.info("kv events gap", extra={"endpoint": self.address.endpoint, "rank": self.address.rank,
+                                         "expected_seq": expected, "seq": seq})
+        if self.address.replay and await self._recover(expected, seq):
+            if st.next_seq is None or seq >= st.next_seq:
+                self._apply(seq, payload)
+            return
+        self._resync("gap")
+        self._apply(seq, payload)
+
+    def _heard(self) -> None:
+        self.state.heard_at = self._clock()
+        if self._on_heard is not None:
+            self._on_heard(self.address.endpoint)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        st = self.state
+        st.next_seq = seq + 1
+        self._stats.messages += 1
+        try:
+            batch = decode_batch(payload)
+        except WireError as exc:
+            self._stats.decode_errors += 1
+            log.warning("kv events payload undecodable", extra={"endpoint": self.address.endpoint,
+                                                                "seq": seq, "error": str(exc)[:200]})
+            self._resync("undecodable")
+            return
+        source, index, counts = self.address.source, self._index, self._stats.events
+        for ev in batch.events:
+            index.apply(source, ev)
+            name = ("BlockStored" if isinstance(ev, Stored) else "BlockRemoved" if isinstance(ev, Removed)
+                    else "AllBlocksCleared" if isinstance(ev, Cleared) else "unknown")
+            counts[name] += 1
+        counts["unknown"] += batch.unknown
+        if st.uncertain_since is not None and st.fresh_since is None:
+            st.fresh_since = self._clock()
+
+    def _resync(self, reason: str) -> None:
+        st = self.state
+        self._index.clear_source(self.address.source)
+        st.uncertain_since = self._clock()
+        st.fresh_since = None
+        st.reason = reason
+        self._stats.resyncs[reason] = self._stats.resyncs.get(reason, 0) + 1
+        log.warning("kv events resync: entries dropped, endpoint uncertain (approximate fallback)",
+                    extra={"endpoint": self.address.endpoint, "rank": self.address.rank, "reason": reason})
+
+    # -- replay ------------------------------------------------------------------------------
+    async def _sync_from_start(self) -> None:
+        """Replay from 0 right after connecting: a complete replay makes the source certain."""
+        self.state.replaying = True
+        try:
+            items = await self.fetch_replay(0)
+        finally:
+            self.state.replaying = False
+        if items is None:
+            self._stats.replays["failed"] += 1
+            return
+        self._heard()
+        if items and items[0][0] != 0:
+            self._stats.replays["incomplete"] += 1
+            self._resync("joined-late")
+        elif items:
+            self._stats.replays["recovered"] += 1
+        else:
+            self.state.next_seq = 0
+            self.state.reason = ""
+        await self._apply_replayed(items)
+        self._dup_from = items[0][0] if items else None
+
+    async def _recover(self, start: int, held: int) -> bool:
+        """Replay from `start`; False when nothing usable came back (the caller resyncs)."""
+        self.state.replaying = True
+        try:
+            items = await self.fetch_replay(start)
+        finally:
+            self.state.replaying = False
+        if not items:
+            self._stats.replays["failed" if items is None else "incomplete"] += 1
+            log.warning("kv events replay failed", extra={"endpoint": self.address.endpoint, "start_seq": start})
+            return False
+        if items[0][0] == start:
+            self._stats.replays["recovered"] += 1
+        else:
+            self._stats.replays["incomplete"] += 1
+            self._resync("replay-incomplete")
+        await self._apply_replayed(items)
+        self._dup_from = held + 1
+        return True
+
+    async def _apply_replayed(self, items: list[tuple[int, bytes]]) -> None:
+        limit = max(1, self._config.max_messages_per_iteration)
+        for n, (seq, payload) in enumerate(items):
+            if self.state.next_seq is not None and seq != self.state.next_seq and n:
+                self._resync("replay-not-contiguous")
+            self._apply(seq, payload)
+            if n % limit == limit - 1:
+                await asyncio.sleep(0)
+
+    async def fetch_replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        """[(seq, payload)] for seq >= start from the replay socket; None on timeout or error."""
+        assert self.address.replay
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        timeout = self._config.replay_timeout_s
+        items: list[tuple[int, bytes]] = []
+        try:
+            sock.connect(self.address.replay)
+            await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
+            while len(items) < MAX_REPLAY_MESSAGES:
+                frames = await asyncio.wait_for(sock.recv_multipart(), timeout)
+                if frames and not frames[0]:
+                    frames = frames[1:]
+                if len(frames) != 2 or len(frames[0]) != 8:
+                    return None
+                seq = int.from_bytes(frames[0], "big", signed=True)
+                if seq == END_OF_REPLAY:
+                    return items
+                if seq >= start:
+                    items.append((seq, frames[1]))
+            return None
+        except (TimeoutError, zmq.ZMQError):
+            return None
+        finally:
+            sock.close(linger=0)

@@ -1,0 +1,155 @@
+"""Decoding vLLM KV-event payloads (msgpack `EventBatch`), tolerant of every known variant.
+
+Message: [topic, 8-byte big-endian sequence, msgpack payload] (see extproc/kvevents/subscriber.py).
+Payload: EventBatch `[ts, [event, ...], data_parallel_rank]` (a map with the same field names is
+accepted too). Each event is either a tagged array (vLLM's `array_like` structs, fields in
+declaration order, trailing defaults possibly omitted) or a map with a `"type"` key:
+
+    BlockStored      block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+                     lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
+    BlockRemoved     block_hashes, medium, group_idx
+    AllBlocksCleared (no fields)
+
+Hashes: an int (vLLM's default `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`, also negative or beyond
+int64 from old publishers) or raw bytes. Both are normalised to an unsigned 64-bit int: ints are
+masked to 64 bits, bytes give their last 8 bytes big-endian (what vLLM's own int conversion
+keeps), so one engine's hashes compare equal whichever form it sends.
+
+A stored block is `indexable` only when our keys can reproduce it: no per-block `extra_keys`
+(multimodal hashes, `cache_salt`, prompt embeddings), attention group 0, and the GPU tier (medium
+None or "GPU"; CPU-offload tiers are ignored). Unknown event types are counted and skipped; a
+payload that is not an EventBatch raises `WireError` (the subscriber then resyncs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+MASK64 = (1 << 64) - 1
+_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                  "lora_name", "extra_keys", "group_idx")
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+
+
+class WireError(ValueError):
+    """The payload is not a KV-event batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    block_hashes: list[int]
+    parent: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_name: str | None = None
+    indexable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    block_hashes: list[int]
+    indexable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Cleared:
+    pass
+
+
+Event = Stored | Removed | Cleared
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    ts: float
+    events: list[Event]
+    rank: int | None
+    unknown: int = 0  # events of an unknown type, skipped
+
+
+def normalize_hash(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value & MASK64
+    if isinstance(value, bytes | bytearray):
+        return int.from_bytes(value[-8:], "big")
+    raise WireError(f"block hash of unexpected type {type(value).__name__}")
+
+
+def _hashes(value: Any) -> list[int]:
+    if not isinstance(value, list | tuple):
+        raise WireError("block_hashes must be a list")
+    return [normalize_hash(h) for h in value]
+
+
+def _fields(event: Any, names: tuple[str, ...]) -> tuple[str, dict[str, Any]] | None:
+    """(type, fields by name) of an array or map event; None for an unrecognised shape."""
+    if isinstance(event, dict):
+        kind = event.get("type")
+        return (kind, event) if isinstance(kind, str) else None
+    if isinstance(event, list | tuple) and event and isinstance(event[0], str):
+        return event[0], dict(zip(names, event[1:], strict=False))
+    return None
+
+
+def _gpu_group0(f: dict[str, Any]) -> bool:
+    medium = f.get("medium")
+    group = f.get("group_idx")
+    return (medium is None or (isinstance(medium, str) and medium.upper() == "GPU")) and group in (None, 0)
+
+
+def decode_event(event: Any) -> Event | None:
+    """One event, or None when its type is unknown."""
+    kind = event[0] if isinstance(event, list | tuple) and event else (
+        event.get("type") if isinstance(event, dict) else None)
+    if kind == "BlockStored":
+        parsed = _fields(event, _STORED_FIELDS)
+        assert parsed is not None
+        f = parsed[1]
+        tokens = f.get("token_ids")
+        block_size = f.get("block_size")
+        if not isinstance(tokens, list) or not isinstance(block_size, int) or block_size <= 0:
+            raise WireError("BlockStored needs token_ids and a positive block_size")
+        parent = f.get("parent_block_hash")
+        extra = f.get("extra_keys")
+        lora = f.get("lora_name")
+        return Stored(
+            block_hashes=_hashes(f.get("block_hashes")),
+            parent=None if parent is None else normalize_hash(parent),
+            token_ids=tokens,
+            block_size=block_size,
+            lora_name=lora if isinstance(lora, str) else None,
+            indexable=_gpu_group0(f) and (not extra or all(e is None for e in extra)),
+        )
+    if kind == "BlockRemoved":
+        parsed = _fields(event, _REMOVED_FIELDS)
+        assert parsed is not None
+        return Removed(block_hashes=_hashes(parsed[1].get("block_hashes")), indexable=_gpu_group0(parsed[1]))
+    if kind == "AllBlocksCleared":
+        return Cleared()
+    return None
+
+
+def decode_batch(payload: bytes) -> Batch:
+    """Decode one payload; raises WireError when it is not an EventBatch."""
+    try:
+        doc = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise WireError(f"not msgpack: {type(exc).__name__}") from None
+    if isinstance(doc, dict):
+        doc = [doc.get("ts", 0.0), doc.get("events"), doc.get("data_parallel_rank")]
+    if not isinstance(doc, list | tuple) or len(doc) < 2 or not isinstance(doc[1], list | tuple):
+        raise WireError("payload is not an EventBatch [ts, events, rank]")
+    rank = doc[2] if len(doc) > 2 and isinstance(doc[2], int) else None
+    events: list[Event] = []
+    unknown = 0
+    for raw in doc[1]:
+        ev = decode_event(raw)
+        if ev is None:
+            unknown += 1
+        else:
+            events.append(ev)
+    ts = doc[0] if isinstance(doc[0], int | float) else 0.0
+    return Batch(ts=float(ts), events=events, rank=rank, unknown=unknown)

@@ -1,0 +1,37 @@
+"""precise-prefix-cache-scorer: the share of the prompt's token blocks an endpoint's engine holds.
+
+score(e) = precise_match(e) / len(token_keys)    when e's KV events are usable
+         = prefix_match(e) / total_blocks         otherwise (the approximate index, as prefix-cache-scorer)
+
+`precise_match` (leading token blocks the engine reported storing, plus speculative entries of
+requests just routed there) and `precise_usable` (endpoints whose event stream is connected,
+gap-free and not silent) are filled by the scheduler from extproc/kvevents/manager.py; this
+scorer only reads them. A request without token keys (tokenizer unavailable, `cache_salt`) is
+scored approximately everywhere, so the approximate index stays in effect wherever no events
+arrive. Selected by `--prefix-scorer precise` (it replaces prefix-cache-scorer in the default
+profile, with the same weight) or by naming it in an EndpointPickerConfig.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from extproc.datastore import Endpoint
+from extproc.scheduling.interfaces import SchedulingRequest
+
+
+class PrecisePrefixScorer:
+    name = "precise-prefix-cache-scorer"
+
+    def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        keys = len(request.token_keys or ())
+        usable = request.precise_usable if keys else frozenset()
+        precise, approx = request.precise_match, request.prefix_match
+        blocks = request.total_blocks
+        out: list[float] = []
+        for ep in endpoints:
+            if ep.key in usable:
+                out.append(precise.get(ep.key, 0) / keys)
+            else:
+                out.append(approx.get(ep.key, 0) / blocks if blocks else 0.0)
+        return out

@@ -1,0 +1,217 @@
+"""Request -> prompt token ids, as the model server computes them (for the precise prefix index).
+
+`--tokenizer` (KVEventsConfig.tokenizer):
+- `builtin` (default): extproc/tokenizer.py and its fixed ChatML-like chat template, the exact
+  tokenizer of the simulator.
+- `/path/to/tokenizer.json`: a Hugging Face `tokenizers` file. Completions are encoded with the
+  tokenizer's special tokens (BOS), as vLLM does; chat requests are rendered first, then encoded
+  without adding special tokens. The template is `chat_template` from a `tokenizer_config.json`
+  beside the file when the `jinja2` package is importable (it is not a dependency), else the
+  builtin ChatML template (`<|im_start|>role\\ncontent<|im_end|>\\n`, then the generation prompt).
+- `remote`: the model server's `POST /tokenize` (vLLM: `{"model", "prompt"}` or `{"model",
+  "messages", "add_generation_prompt"}` -> `{"tokens"}`), asked of the endpoints in turn, with a
+  timeout of `--tokenizer-timeout` (100 ms). It is asynchronous: the director awaits it before
+  scheduling (`Director.prepare`), the event loop keeps running meanwhile.
+
+What is tokenized: a completions `prompt` (a string, a list of token ids, or a one-element list of
+either) and chat `messages` (with `add_generation_prompt`, default true). Anything else, a batch of
+prompts, or a tokenizer error gives None: the request is then scored by the approximate index.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from extproc.datastore import Datastore
+from extproc.request.openai import Api, ParsedRequest
+from extproc.tokenizer import encode, render_chat
+
+log = logging.getLogger("prefix_epp.tokenize")
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int and 0 <= t < 1 << 32 for t in value)
+
+
+def _chat_input(parsed: ParsedRequest) -> tuple[list[Any], bool] | None:
+    if parsed.api not in (Api.CHAT, Api.OTHER):
+        return None
+    messages = parsed.body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    return messages, bool(parsed.body.get("add_generation_prompt", True))
+
+
+def _completion_input(parsed: ParsedRequest) -> str | list[int] | None:
+    if parsed.api not in (Api.COMPLETIONS, Api.OTHER):
+        return None
+    prompt = parsed.body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and _is_token_list(prompt):
+        return [int(t) for t in prompt]
+    return None
+
+
+class LocalTokenizer:
+    """Synchronous tokenizers: `encode(parsed)` -> token ids or None."""
+
+    name = "local"
+    is_async = False
+
+    def encode_text(self, text: str, chat: bool) -> list[int]:
+        raise NotImplementedError
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+        return render_chat(messages, add_generation_prompt)
+
+    def encode(self, parsed: ParsedRequest) -> list[int] | None:
+        try:
+            chat = _chat_input(parsed)
+            if chat is not None:
+                return self.encode_text(self.render(*chat), chat=True)
+            prompt = _completion_input(parsed)
+            if isinstance(prompt, str):
+                return self.encode_text(prompt, chat=False)
+            return prompt
+        except (ValueError, TypeError) as exc:
+            log.debug("tokenization failed", extra={"error": type(exc).__name__})
+            return None
+
+    async def encode_async(self, parsed: ParsedRequest) -> list[int] | None:
+        return self.encode(parsed)
+
+    async def close(self) -> None:
+        return None
+
+
+class BuiltinTokenizer(LocalTokenizer):
+    name = "builtin"
+
+    def encode_text(self, text: str, chat: bool) -> list[int]:
+        return encode(text)
+
+
+class HFTokenizer(LocalTokenizer):
+    """A Hugging Face tokenizer.json, with the model's Jinja chat template when jinja2 exists."""
+
+    name = "huggingface"
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(path)
+        self._template: Any = None
+        self._specials: dict[str, str] = {}
+        config = Path(path).with_name("tokenizer_config.json")
+        if config.is_file():
+            self._load_template(json.loads(config.read_text()))
+
+    def _load_template(self, cfg: dict[str, Any]) -> None:
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        if not isinstance(template, str):
+            return
+        try:
+            jinja2 = importlib.import_module("jinja2.sandbox")
+        except ImportError:
+            log.warning("jinja2 not installed: chat requests use the builtin ChatML template")
+            return
+        env = jinja2.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = env.from_string(template)
+        for key in ("bos_token", "eos_token"):
+            value = cfg.get(key)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                self._specials[key] = value
+
+    @property
+    def has_model_template(self) -> bool:
+        return self._template is not None
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+        if self._template is None:
+            return render_chat(messages, add_generation_prompt)
+        text: str = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                          **self._specials)
+        return text
+
+    def encode_text(self, text: str, chat: bool) -> list[int]:
+        ids: list[int] = self._tok.encode(text, add_special_tokens=not chat).ids
+        return ids
+
+
+class RemoteTokenizer:
+    """The model server's POST /tokenize, round-robin over the datastore's endpoints."""
+
+    name = "remote"
+    is_async = True
+
+    def __init__(self, datastore: Datastore, timeout_s: float) -> None:
+        self._datastore = datastore
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._turn = itertools.count()
+        self.failures = 0
+
+    def encode(self, parsed: ParsedRequest) -> list[int] | None:
+        return None  # only asynchronously (Director.prepare)
+
+    async def encode_async(self, parsed: ParsedRequest) -> list[int] | None:
+        chat = _chat_input(parsed)
+        payload: dict[str, Any]
+        if chat is not None:
+            payload = {"model": parsed.model, "messages": chat[0], "add_generation_prompt": chat[1]}
+        else:
+            prompt = _completion_input(parsed)
+            if not isinstance(prompt, str):
+                return prompt
+            payload = {"model": parsed.model, "prompt": prompt}
+        endpoints = self._datastore.snapshot()
+        if not endpoints:
+            return None
+        ep = endpoints[next(self._turn) % len(endpoints)]
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        try:
+            async with self._session.post(f"http://{ep.key}/tokenize", json=payload) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                tokens = (await resp.json()).get("tokens")
+        except Exception as exc:  # timeouts, connection errors, bad JSON: fall back to approximate
+            self.failures += 1
+            log.info("remote tokenize failed", extra={"endpoint": ep.key, "error": type(exc).__name__})
+            return None
+        return list(tokens) if _is_token_list(tokens) else None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+Tokenizer = LocalTokenizer | RemoteTokenizer
+
+
+def make_tokenizer(spec: str, datastore: Datastore, timeout_s: float) -> Tokenizer:
+    """`builtin`, `remote` or a tokenizer.json path (see the module docstring)."""
+    if spec == "builtin":
+        return BuiltinTokenizer()
+    if spec == "remote":
+        return RemoteTokenizer(datastore, timeout_s)
+    if not Path(spec).is_file():
+        raise ValueError(f"--tokenizer: no such file {spec!r} (or use builtin / remote)")
+    return HFTokenizer(spec)
