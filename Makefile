@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check extproc tests bench protos
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy extproc
+	$(VENV)/bin/mypy extproc tests bench protos
 
 test: $(STAMP) lint typecheck
 	$(VENV)/bin/pytest -q -p no:cacheprovider

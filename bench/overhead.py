@@ -20,13 +20,13 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
-import yaml
 
 from extproc.config import EppConfig
 from extproc.datastore import EndpointSpec
@@ -128,16 +128,19 @@ def through_envoy(tmp: Path, sizes: list[int], concurrencies: list[int], total: 
             str(health), "--metrics-port", str(metrics), "--secure-serving=false", "--bind-address", "127.0.0.1",
             "--log-level", "warning"), tmp / "picker.log", wait_port=grpc_port))
         setups: list[tuple[str, dict[str, Any]]] = []
-        for name, cfg_fn in (
+        epp = f"127.0.0.1:{grpc_port}"
+        configs: list[tuple[str, Callable[[int, int], dict[str, Any]]]] = [
             ("envoy-only", lambda lp, ap: plain_envoy_config(lp, ap, backends)),
-            ("envoy+picker", lambda lp, ap: build_config(lp, f"127.0.0.1:{grpc_port}", ap, epp_tls=False)),
-            ("envoy+picker (no response processing)",
-             lambda lp, ap: build_config(lp, f"127.0.0.1:{grpc_port}", ap, epp_tls=False, process_responses=False)),
-        ):
+            ("envoy+picker", lambda lp, ap: build_config(lp, epp, ap, epp_tls=False)),
+            # Informational: without response processing Envoy ends the ext_proc stream once the request
+            # is forwarded, so the picker cannot count requests in flight. Not a supported setup.
+            ("envoy+picker, responses not processed",
+             lambda lp, ap: build_config(lp, epp, ap, epp_tls=False, process_responses=False)),
+        ]
+        for name, cfg_fn in configs:
             listen, admin = free_ports(2)
-            cfg = cfg_fn(listen, admin)
             path = tmp / f"{len(setups)}.yaml"
-            path.write_text(render(cfg) if isinstance(cfg, dict) else yaml.safe_dump(cfg))
+            path.write_text(render(cfg_fn(listen, admin)))
             stack.enter_context(running(
                 [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "error",
                  "--base-id", str(listen)], tmp / f"envoy{len(setups)}.log", wait_port=listen))

@@ -155,13 +155,14 @@ class Director:
             ctx.parsed = parse_request(api_from_path(ctx.path), body)
         except EppError:
             return
-        ctx.tokens = await self.tokenizer.encode_async(ctx.parsed)
+        max_tokens = self.precise.max_tokens if self.precise is not None else 0
+        ctx.tokens = await self.tokenizer.encode_async(ctx.parsed, max_tokens)
 
     def _token_keys(self, ctx: RequestContext, parsed: ParsedRequest) -> list[int] | None:
         assert self.precise is not None
         tokens = ctx.tokens
         if tokens is None and self.tokenizer is not None and not self.tokenizer.is_async:
-            tokens = self.tokenizer.encode(parsed)
+            tokens = self.tokenizer.encode(parsed, self.precise.max_tokens)
         if not tokens:
             return None
         return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)

@@ -16,6 +16,13 @@
 What is tokenized: a completions `prompt` (a string, a list of token ids, or a one-element list of
 either) and chat `messages` (with `add_generation_prompt`, default true). Anything else, a batch of
 prompts, or a tokenizer error gives None: the request is then scored by the approximate index.
+
+Only the first `max_tokens` tokens matter (the precise lookup stops at `--kv-events-max-blocks`
+blocks): local tokenizers encode a prefix of a longer text, first `max_tokens * 6` characters, then
+`max_tokens * 16`, and keep the first `max_tokens` ids once a prefix yields `TRUNCATION_MARGIN` (8)
+more than that, so the tokens near the cut are never kept; otherwise the whole text. Token
+boundaries far from the cut do not depend on it (a builtin token spans at most 16 characters and
+looks one character ahead), so the result equals the whole text's first `max_tokens` ids.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from extproc.request.openai import Api, ParsedRequest
 from extproc.tokenizer import encode, render_chat
 
 log = logging.getLogger("prefix_epp.tokenize")
+PREFIX_CHARS_PER_TOKEN = (6, 16)  # tried in order; about 4 on English text, at most 16 (builtin)
+TRUNCATION_MARGIN = 8
 
 
 def _is_token_list(value: Any) -> bool:
@@ -75,21 +84,33 @@ class LocalTokenizer:
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
         return render_chat(messages, add_generation_prompt)
 
-    def encode(self, parsed: ParsedRequest) -> list[int] | None:
+    def encode(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+        """Token ids of the prompt (its first `max_tokens` when > 0), None when not tokenizable."""
         try:
             chat = _chat_input(parsed)
             if chat is not None:
-                return self.encode_text(self.render(*chat), chat=True)
+                return self._encode_prefix(self.render(*chat), True, max_tokens)
             prompt = _completion_input(parsed)
             if isinstance(prompt, str):
-                return self.encode_text(prompt, chat=False)
-            return prompt
+                return self._encode_prefix(prompt, False, max_tokens)
+            return prompt[:max_tokens] if prompt is not None and max_tokens > 0 else prompt
         except (ValueError, TypeError) as exc:
             log.debug("tokenization failed", extra={"error": type(exc).__name__})
             return None
 
-    async def encode_async(self, parsed: ParsedRequest) -> list[int] | None:
-        return self.encode(parsed)
+    def _encode_prefix(self, text: str, chat: bool, max_tokens: int) -> list[int]:
+        for chars in PREFIX_CHARS_PER_TOKEN if max_tokens > 0 else ():
+            limit = max_tokens * chars
+            if len(text) <= limit:
+                break
+            ids = self.encode_text(text[:limit], chat)
+            if len(ids) >= max_tokens + TRUNCATION_MARGIN:
+                return ids[:max_tokens]
+        ids = self.encode_text(text, chat)
+        return ids[:max_tokens] if max_tokens > 0 else ids
+
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+        return self.encode(parsed, max_tokens)
 
     async def close(self) -> None:
         return None
@@ -167,10 +188,10 @@ class RemoteTokenizer:
         self._turn = itertools.count()
         self.failures = 0
 
-    def encode(self, parsed: ParsedRequest) -> list[int] | None:
+    def encode(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
         return None  # only asynchronously (Director.prepare)
 
-    async def encode_async(self, parsed: ParsedRequest) -> list[int] | None:
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
         chat = _chat_input(parsed)
         payload: dict[str, Any]
         if chat is not None:
@@ -178,7 +199,7 @@ class RemoteTokenizer:
         else:
             prompt = _completion_input(parsed)
             if not isinstance(prompt, str):
-                return prompt
+                return prompt[:max_tokens] if prompt is not None and max_tokens > 0 else prompt
             payload = {"model": parsed.model, "prompt": prompt}
         endpoints = self._datastore.snapshot()
         if not endpoints:
@@ -195,7 +216,9 @@ class RemoteTokenizer:
             self.failures += 1
             log.info("remote tokenize failed", extra={"endpoint": ep.key, "error": type(exc).__name__})
             return None
-        return list(tokens) if _is_token_list(tokens) else None
+        if not isinstance(tokens, list) or not _is_token_list(tokens):
+            return None
+        return tokens[:max_tokens] if max_tokens > 0 else tokens
 
     async def close(self) -> None:
         if self._session is not None:

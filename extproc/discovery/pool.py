@@ -36,6 +36,8 @@ OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
 OBJECTIVE_VERSION = "v1alpha2"
 OBJECTIVE_PLURAL = "inferenceobjectives"
 ACTIVE_PORTS_ANNOTATIONS = ("llm-d.ai/active-ports", "inference.networking.k8s.io/active-ports")
+# Overrides where the picker subscribes to this pod's KV events (default: tcp://<pod IP>:--kv-events-port).
+KV_EVENTS_ANNOTATION = "prefix-epp.io/kv-events-endpoint"
 MAX_TARGET_PORTS = 8
 
 Labels = tuple[tuple[str, str], ...]
@@ -65,6 +67,7 @@ class PodInfo:
     ip: str
     ready: bool  # Ready=True and no deletionTimestamp
     active_ports: frozenset[int] | None  # None: no annotation, every target port is active
+    kv_events_endpoint: str = ""  # from the prefix-epp.io/kv-events-endpoint annotation
 
 
 def pool_version(group: str) -> str:
@@ -141,6 +144,7 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
         ip=str(status.get("podIP") or ""),
         ready=ready,
         active_ports=_active_ports(meta.get("annotations") or {}),
+        kv_events_endpoint=str((meta.get("annotations") or {}).get(KV_EVENTS_ANNOTATION, "")).strip(),
     )
 
 
@@ -158,7 +162,8 @@ def pod_endpoints(pod: PodInfo, pool: PoolSpec) -> list[EndpointSpec]:
         if pod.active_ports is not None and port not in pod.active_ports:
             continue
         out.append(EndpointSpec(address=pod.ip, port=port, name=f"{pod.name}-rank-{rank}",
-                                namespace=pod.namespace, labels=pod.labels))
+                                namespace=pod.namespace, labels=pod.labels,
+                                kv_events_endpoint=pod.kv_events_endpoint))
     return out
 
 

@@ -181,6 +181,11 @@ class KVEventsManager:
         except ValueError:
             return None
 
+    @property
+    def max_tokens(self) -> int:
+        """Prompt tokens the precise lookup can use at most (max_blocks full blocks)."""
+        return self.config.max_blocks * self.block_size
+
     def usable(self, endpoint: str, now: float) -> bool:
         subs = self._subs.get(endpoint)
         if not subs:

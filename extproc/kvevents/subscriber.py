@@ -111,7 +111,13 @@ class Subscriber:
     async def run(self) -> None:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.address.events)
+        try:
+            sock.connect(self.address.events)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            log.warning("kv events address unusable; endpoint scored approximately",
+                        extra={"endpoint": self.address.endpoint, "events": self.address.events, "error": str(exc)})
+            return
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         limit = max(1, self._config.max_messages_per_iteration)
         try:

@@ -72,6 +72,15 @@ def test_active_ports_annotation() -> None:
     assert [e.port for e in pod_endpoints(parse_pod(llmd), pool)] == [8001]
 
 
+def test_kv_events_endpoint_annotation() -> None:
+    pool = parse_pool(pool_v1("p", {"app": "v"}, [8000]), V1_GROUP)
+    plain = pod_endpoints(parse_pod(pod("a", {"app": "v"}, ip="10.0.0.9")), pool)
+    assert plain[0].kv_events_endpoint == ""  # the picker uses tcp://<pod IP>:--kv-events-port
+    annotated = pod("b", {"app": "v"}, ip="10.0.0.9")
+    annotated["metadata"]["annotations"] = {"prefix-epp.io/kv-events-endpoint": " tcp://10.0.0.9:6000 "}
+    assert pod_endpoints(parse_pod(annotated), pool)[0].kv_events_endpoint == "tcp://10.0.0.9:6000"
+
+
 def test_selector_and_objectives() -> None:
     assert selector_matches((("a", "1"), ("b", "2")), (("a", "1"),))
     assert not selector_matches((("a", "1"),), (("a", "1"), ("b", "2")))

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="union-attr"
 """Our minimal ext_proc .proto must be wire-compatible with Envoy's canonical definitions.
 
 For every message the picker uses: encode with our upb classes, decode with the canonical

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 import orjson
 import pytest
@@ -73,7 +73,7 @@ def destination(resp: pb.ProcessingResponse) -> str:
     md = resp.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value
     assert sets["x-gateway-destination-endpoint"] == md
     assert common.clear_route_cache
-    return md
+    return str(md)
 
 
 async def test_full_duplex_sequence_headers_then_body_chunks() -> None:
@@ -224,6 +224,7 @@ async def test_inflight_held_until_response_end_and_released_on_cancel() -> None
             yield m
 
     stream = proc.run(gen())
+    assert isinstance(stream, AsyncGenerator)
     await stream.__anext__()
     assert ep.inflight == 1
     await stream.aclose()  # Envoy reset / client gone

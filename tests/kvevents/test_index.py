@@ -1,0 +1,120 @@
+"""The precise index: dual keys, removal, ranks, speculation, capacity, memory and throughput."""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+import tracemalloc
+
+from extproc.kvevents.index import BYTES_PER_ENTRY, PreciseIndex
+from extproc.kvevents.keys import chain_keys, key_seed
+from extproc.kvevents.wire import Cleared, Removed, Stored, decode_batch
+from extproc.sim.kv_events import encode_batch
+from extproc.sim.kvcache import BlockStored
+
+BS = 16
+TOKENS = list(range(1000, 1000 + 6 * BS))
+KEYS = chain_keys(TOKENS, BS, key_seed(None))
+A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+
+
+def stored(hashes: list[int], parent: int | None, tokens: list[int], lora: str | None = None) -> Stored:
+    return Stored(hashes, parent, tokens, BS, lora)
+
+
+def test_engine_hashes_map_to_our_keys_whatever_the_engine_seed() -> None:
+    idx = PreciseIndex()
+    # Two engines with different hash seeds store the same tokens, A in two events chained by parent.
+    idx.apply((A, 0), stored([101, 102, 103], None, TOKENS[:3 * BS]))
+    idx.apply((A, 0), stored([104, 105, 106], 103, TOKENS[3 * BS:]))
+    idx.apply((B, 0), stored([901, 902], None, TOKENS[:2 * BS]))
+    assert idx.match(KEYS, [A, B], 0.0) == {A: 6, B: 2}
+    assert idx.entries == 8 and idx.orphaned == 0
+    # BlockRemoved uses the engine's hashes; the chain breaks at the removed block.
+    idx.apply((A, 0), Removed([104]))
+    assert idx.match(KEYS, [A, B], 0.0) == {A: 3, B: 2}
+    # A child whose parent this source never reported cannot be keyed: an orphan, not indexed.
+    idx.apply((B, 0), stored([977], 555, TOKENS[2 * BS:3 * BS]))
+    assert idx.orphaned == 1 and idx.match(KEYS, [B], 0.0) == {B: 2}
+    idx.apply((A, 0), Cleared())
+    assert idx.match(KEYS, [A, B], 0.0) == {B: 2} and idx.held(A) == 0
+    # LoRA adapters chain from their own root, so they never match the base model's keys.
+    idx.apply((A, 0), stored([301], None, TOKENS[:BS], lora="adapter"))
+    assert idx.match(KEYS, [A], 0.0) == {} and "adapter" in idx.lora_names
+    assert idx.match(chain_keys(TOKENS, BS, key_seed("adapter")), [A], 0.0) == {A: 1}
+
+
+def test_data_parallel_ranks_are_kept_apart() -> None:
+    idx = PreciseIndex()
+    idx.apply((A, 0), stored([1, 2], None, TOKENS[:2 * BS]))
+    idx.apply((A, 1), stored([7, 8, 9, 10], None, TOKENS[:4 * BS]))
+    assert idx.match(KEYS, [A], 0.0) == {A: 4}  # the best rank
+    idx.apply((A, 1), Removed([9]))  # rank 1 evicts block 2; rank 0's blocks are untouched
+    assert idx.match(KEYS, [A], 0.0) == {A: 2}
+    idx.apply((A, 1), Removed([1]))  # rank 0's engine hash means nothing on rank 1
+    assert idx.match(KEYS, [A], 0.0) == {A: 2} and idx.held(A) == 5
+
+
+def test_speculative_entries_live_for_the_ttl_and_die_with_a_removal() -> None:
+    idx = PreciseIndex(speculative_ttl_s=2.0)
+    idx.record_speculative(B, KEYS, now=10.0)
+    assert idx.match(KEYS, [A, B], 11.9) == {B: 6} and idx.speculative(B) == 6
+    idx.record_speculative(B, KEYS[:2], now=11.0)  # refreshed: the first two now expire at 13.0
+    assert idx.match(KEYS, [B], 12.5) == {B: 2}
+    assert idx.match(KEYS, [B], 13.0) == {} and idx.speculative(B) == 0
+    idx.apply((B, 0), stored([1, 2, 3], None, TOKENS[:3 * BS]))
+    idx.record_speculative(B, KEYS, now=20.0)
+    idx.apply((B, 0), Removed([1]))  # the engine evicted block 0: neither kind may claim it now
+    assert idx.match(KEYS, [B], 20.5) == {}
+
+
+def test_capacity_evicts_least_recently_stored_and_prunes_engine_map() -> None:
+    idx = PreciseIndex(default_capacity=4)
+    idx.apply((A, 0), stored([1, 2, 3, 4, 5, 6], None, TOKENS))
+    assert idx.held(A) == 4 and idx.evicted == 2 and idx.match(KEYS, [A], 0.0) == {}  # blocks 0, 1 went
+    idx.apply((A, 0), Removed([1, 2]))  # already evicted: nothing happens
+    assert idx.entries == 4 and idx.removed == 0
+    idx.set_capacity(A, 2)
+    assert idx.held(A) == 2 and idx.entries == 2
+    idx.record_speculative(A, KEYS, now=0.0)
+    idx.remove_endpoint(A)
+    assert idx.entries == 0 and idx.match(KEYS, [A], 0.0) == {} and not idx._holders
+
+
+def test_bytes_per_entry_is_measured() -> None:
+    n = 50_000
+    idx = PreciseIndex(default_capacity=1 << 20)
+    rng = random.Random(1)
+    tokens = [rng.randrange(128_000) for _ in range(n * BS)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    event = stored([rng.getrandbits(64) for _ in range(n)], None, tokens)  # the engine's hash ints count
+    idx.apply(("10.0.0.9:8000", 0), event)
+    del event
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    per_entry = (after - before) / idx.entries
+    print(f"precise index: {per_entry:.0f} bytes per entry")
+    assert idx.entries == n
+    assert 0.5 * BYTES_PER_ENTRY <= per_entry <= 1.25 * BYTES_PER_ENTRY, per_entry
+
+
+def test_decode_and_apply_throughput() -> None:
+    rng = random.Random(2)
+    payloads = []
+    for _ in range(500):  # vLLM-like steps: a 64-block prompt stored, then 64 older blocks removed
+        hashes = [rng.getrandbits(64) for _ in range(64)]
+        tokens = [rng.randrange(128_000) for _ in range(64 * BS)]
+        payloads.append(encode_batch([BlockStored(hashes, None, tokens, BS)], "array", 0.0))
+    idx = PreciseIndex(default_capacity=8192)
+    start = time.perf_counter()
+    for p in payloads:
+        for ev in decode_batch(p).events:
+            idx.apply(("10.0.0.9:8000", 0), ev)
+    elapsed = time.perf_counter() - start
+    rate = 500 * 64 / elapsed
+    print(f"precise index: {rate:,.0f} stored blocks/s decoded and applied ({500 / elapsed:,.0f} events/s)")
+    assert idx.stored == 500 * 64 and idx.held("10.0.0.9:8000") == 8192
+    assert rate > 50_000

@@ -1,0 +1,192 @@
+"""Subscriptions against simulated engines: both encodings, replay, resync, restarts, silence."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from extproc.datastore import Datastore, EndpointSpec
+from extproc.kvevents.keys import chain_keys, key_seed
+from extproc.kvevents.manager import KVEventsManager
+from extproc.kvevents.subscriber import Loss
+from extproc.sim.config import KVEventsEncoding
+from extproc.sim.kv_events import encode_batch
+from extproc.sim.kvcache import BlockRemoved, BlockStored
+from extproc.sim.server import Replica
+from extproc.tokenizer import encode
+from tests.kvevents.helpers import (
+    FAST,
+    PROMPTS,
+    SIM,
+    agrees,
+    complete,
+    events_stack,
+    post,
+    precise_blocks,
+    sim_blocks,
+    spec_for,
+    wait_for,
+)
+
+
+def drop_once(seq_to_drop: int, dropped: list[int]) -> Loss:
+    def loss(endpoint: str, seq: int) -> bool:
+        if seq == seq_to_drop and not dropped:
+            dropped.append(seq)
+            return True
+        return False
+    return loss
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+async def test_index_follows_the_cache_through_evictions_and_reset(encoding: KVEventsEncoding) -> None:
+    async with events_stack(sim=replace(SIM, kv_events_encoding=encoding)) as ev:
+        rep, m = ev.replicas[0], ev.manager
+        for p in [PROMPTS[0], PROMPTS[0], *PROMPTS[1:5]]:
+            await complete(rep, p)
+        await agrees(m, rep)
+        # The scenario really evicted: the oldest prompt is gone, the newest is held, and so says the index.
+        assert sim_blocks(rep, PROMPTS[0]) == 0 and precise_blocks(m, rep, PROMPTS[0]) == 0
+        assert precise_blocks(m, rep, PROMPTS[4]) == sim_blocks(rep, PROMPTS[4]) >= 10
+        assert m.stats.events["BlockRemoved"] > 0 and m.stats.gaps == 0 and ev.usable()
+        await post(rep, "/reset_prefix_cache")  # AllBlocksCleared
+        await wait_for(lambda: m.stats.events["AllBlocksCleared"] == 1)
+        assert m.index.entries == 0 and precise_blocks(m, rep, PROMPTS[4]) == 0 and ev.usable()
+
+
+async def test_dropped_message_is_recovered_by_replay() -> None:
+    dropped: list[int] = []
+    async with events_stack(loss=drop_once(1, dropped)) as ev:
+        rep, m = ev.replicas[0], ev.manager
+        for p in PROMPTS[:4]:
+            await complete(rep, p)
+        await agrees(m, rep)
+        assert dropped == [1] and m.stats.gaps == 1
+        assert m.stats.replays["recovered"] == 1 and m.stats.resyncs == {}
+        assert precise_blocks(m, rep, PROMPTS[1]) == sim_blocks(rep, PROMPTS[1]) > 0  # what seq 1 carried
+        assert ev.usable()
+
+
+async def test_late_subscriber_recovers_history_by_replay() -> None:
+    async with events_stack(subscribe=False) as ev:
+        rep, m = ev.replicas[0], ev.manager
+        for p in PROMPTS[:3]:
+            await complete(rep, p)
+        ev.datastore.set_endpoints([spec_for(rep)])
+        await agrees(m, rep, PROMPTS[:3])
+        assert all(precise_blocks(m, rep, p) > 0 for p in PROMPTS[:3])
+        assert m.stats.replays["recovered"] == 1 and m.stats.resyncs == {} and ev.usable()
+
+
+async def test_gap_without_replay_drops_entries_and_falls_back_until_fresh_events() -> None:
+    dropped: list[int] = []
+    async with events_stack(replay=False, loss=drop_once(1, dropped)) as ev:
+        rep, m = ev.replicas[0], ev.manager
+        keys0 = m.keys_for("sim-model", "", encode(PROMPTS[0]))
+        assert keys0 is not None
+        await complete(rep, PROMPTS[0])
+        await wait_for(lambda: precise_blocks(m, rep, PROMPTS[0]) > 0)
+        assert m.match(keys0, [ev.key()])[1] == {ev.key()}
+        await complete(rep, PROMPTS[1])  # seq 1: lost, unnoticed until the next message
+        await complete(rep, PROMPTS[2])  # seq 2: the gap shows
+        await wait_for(lambda: m.stats.resyncs.get("gap") == 1)
+        assert dropped == [1]
+        assert precise_blocks(m, rep, PROMPTS[0]) == 0 < sim_blocks(rep, PROMPTS[0])  # entries dropped
+        assert precise_blocks(m, rep, PROMPTS[2]) == sim_blocks(rep, PROMPTS[2])  # fresh events kept
+        assert not ev.usable() and m.match(keys0, [ev.key()])[1] == frozenset()  # approximate fallback
+        await wait_for(ev.usable, timeout=3 * FAST.resync_window_s + 1)
+
+
+async def test_restarted_engine_resets_the_sequence_and_its_entries() -> None:
+    ctx = zmq.asyncio.Context()
+    ds = Datastore()
+    m = KVEventsManager(FAST, ds)
+    task = asyncio.create_task(m.run())
+    first = Replica(SIM, 0, "127.0.0.1", 0, ctx)
+    second: Replica | None = None
+    try:
+        await first.start()
+        await asyncio.sleep(0)
+        ds.set_endpoints([spec_for(first, replay=False)])
+        await asyncio.sleep(0.2)
+        for p in PROMPTS[:2]:
+            await complete(first, p)
+        await agrees(m, first, PROMPTS[:2])
+        assert first.publisher is not None and first.publisher.next_sequence >= 2
+        await first.stop()
+        for _ in range(100):  # ZeroMQ releases the old listener asynchronously
+            try:
+                second = Replica(replace(SIM, kv_events_endpoint=first.publisher.endpoint), 0, "127.0.0.1",
+                                 first.port, ctx)
+                await second.start()
+                break
+            except zmq.ZMQError:
+                second = None
+                await asyncio.sleep(0.02)
+        assert second is not None
+        await asyncio.sleep(0.3)  # the SUB socket reconnects on its own
+        await complete(second, PROMPTS[2])
+        await wait_for(lambda: m.stats.restarts == 1)
+        assert precise_blocks(m, second, PROMPTS[0]) == 0  # the old engine's blocks are gone with it
+        await wait_for(lambda: precise_blocks(m, second, PROMPTS[2]) == sim_blocks(second, PROMPTS[2]) > 0)
+        assert m.usable(f"127.0.0.1:{second.port}", m.now())
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for rep in (first, second):
+            if rep is not None:
+                await rep.stop()
+        ctx.destroy(linger=0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_silent_publisher_ages_out_but_keeps_its_entries() -> None:
+    clock = Clock()
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind("tcp://127.0.0.1:*")
+    endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+    ds = Datastore()
+    m = KVEventsManager(replace(FAST, silence_timeout_s=5.0, speculative_ttl_s=0.0), ds, clock=clock)
+    task = asyncio.create_task(m.run())
+    tokens = list(range(64))
+    keys = chain_keys(tokens, 16, key_seed(None))
+    live, dead = "127.0.0.1:9", "127.0.0.1:10"
+    try:
+        await asyncio.sleep(0)
+        ds.set_endpoints([EndpointSpec("127.0.0.1", 9, kv_events_endpoint=endpoint),
+                          EndpointSpec("127.0.0.1", 10, kv_events_endpoint="tcp://127.0.0.1:1"),
+                          EndpointSpec("127.0.0.1", 11, kv_events_endpoint="not-an-address")])
+        await asyncio.sleep(0.2)
+
+        async def publish(seq: int, event: BlockStored | BlockRemoved) -> None:
+            await pub.send_multipart([b"kv@test", seq.to_bytes(8, "big"), encode_batch([event], "map", 0.0)])
+
+        await publish(0, BlockStored([1, 2, 3, 4], None, tokens, 16))
+        await wait_for(lambda: m.index.held(live) == 4)
+        # `dead` never heard from, `bad` cannot even connect: both are scored approximately.
+        assert m.match(keys, [live, dead, "127.0.0.1:11"]) == ({live: 4}, frozenset({live}))
+        m.record(live, keys)  # routed at t=100; the engine should publish soon
+        clock.t = 104.0
+        assert m.usable(live, clock())
+        clock.t = 106.0
+        assert not m.usable(live, clock()) and m.index.held(live) == 4  # silent: aged out, entries kept
+        await publish(1, BlockRemoved([99]))  # any message means the publisher is alive
+        await wait_for(lambda: m.usable(live, clock()))
+        assert m.match(keys, [live])[0] == {live: 4}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        pub.close(linger=0)
+        ctx.destroy(linger=0)
