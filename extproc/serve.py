@@ -34,7 +34,7 @@ def parse_bool(value: str | bool) -> bool:
 
 def _bool_flag(p: argparse._ArgumentGroup, name: str, default: bool, help_text: str) -> None:
     p.add_argument(name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL",
-                   help=f"{help_text} (default {str(default).lower()})")
+                   help=help_text)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
