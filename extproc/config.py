@@ -110,6 +110,7 @@ class EppConfig:
     kubeconfig: str = ""
     max_endpoints: int = 1
     explain_decisions: bool = False
+    max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval_s: float = 0.05
     metrics_staleness_threshold_s: float = 2.0

@@ -12,6 +12,7 @@ import enum
 class ErrorCode(enum.Enum):
     BAD_REQUEST = "BadRequest"
     NOT_FOUND = "NotFound"
+    PAYLOAD_TOO_LARGE = "PayloadTooLarge"
     RESOURCE_EXHAUSTED = "ResourceExhausted"
     INTERNAL = "Internal"
     SERVICE_UNAVAILABLE = "ServiceUnavailable"
@@ -20,6 +21,7 @@ class ErrorCode(enum.Enum):
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.BAD_REQUEST: 400,
     ErrorCode.NOT_FOUND: 404,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.RESOURCE_EXHAUSTED: 429,
     ErrorCode.INTERNAL: 500,
     ErrorCode.SERVICE_UNAVAILABLE: 503,

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from extproc.datastore import Endpoint
 from extproc.director import Director, RequestContext
-from extproc.errors import EppError
+from extproc.errors import EppError, ErrorCode
 from extproc.metrics.epp import EppMetrics
 from extproc.pb import envoy_processing_mode_pb2 as mode_pb
 from extproc.pb import external_processor_pb2 as pb
@@ -54,8 +54,8 @@ _WANTED_HEADERS = frozenset({
 
 
 class StreamProcessor:
-    __slots__ = ("_body", "_body_done", "_director", "_endpoint", "_explain", "_metrics", "_new_request_id",
-                 "_request_mode", "_response_mode", "_usage", "ctx", "decision")
+    __slots__ = ("_body", "_body_bytes", "_body_done", "_director", "_endpoint", "_explain", "_metrics",
+                 "_new_request_id", "_request_mode", "_response_mode", "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool) -> None:
         self._director = director
@@ -63,6 +63,7 @@ class StreamProcessor:
         self._explain = explain
         self.ctx = RequestContext()
         self._body: list[bytes] = []
+        self._body_bytes = 0
         self._body_done = False
         self._new_request_id: str | None = None
         self._endpoint: Endpoint | None = None
@@ -131,6 +132,13 @@ class StreamProcessor:
             return []
         if body.body:
             self._body.append(body.body)
+            self._body_bytes += len(body.body)
+            limit = self._director.config.max_request_body_bytes
+            if self._body_bytes > limit:
+                self._body_done = True
+                self._body = []
+                return [self._error(EppError(ErrorCode.PAYLOAD_TOO_LARGE,
+                                             f"request body exceeds {limit} bytes"))]
         if not body.end_of_stream:
             return [R.empty_request_body()] if self._request_mode == mode_pb.ProcessingMode.STREAMED else []
         return self._route_body()

@@ -132,6 +132,18 @@ async def test_bad_bodies_get_400(body: bytes, status: int, text: bytes) -> None
     assert all(ep.inflight == 0 for ep in app.datastore.snapshot())
 
 
+async def test_oversized_body_gets_413_and_is_not_buffered() -> None:
+    app = make_app(max_request_body_bytes=100_000)
+    big = completion("x" * 150_000)
+    out = await drive(app, [headers_msg(), *body_msgs(big, chunk=60_000)])
+    assert len(out) == 1
+    imm = out[0].immediate_response
+    assert imm.status.code == 413
+    assert imm.body == b"inference error: PayloadTooLarge - request body exceeds 100000 bytes"
+    ok = await drive(app, [headers_msg(), *body_msgs(completion("x" * 50_000))])
+    assert ok[0].WhichOneof("response") == "request_headers"
+
+
 async def test_no_endpoints_503() -> None:
     app = make_app(0)
     out = await drive(app, [headers_msg(), *body_msgs(completion())])
