@@ -39,7 +39,7 @@ class WeightsConfig:
     # short of the spill limit (measured: see extproc/scheduling/build.py)
     queue: float = 2.0
     kv_cache: float = 2.0
-    inflight: float = 2.0
+    inflight: float = 1.0
     unlisted: float = 1.0  # a scorer named in an EndpointPickerConfig profile without a weight
 
 

@@ -142,7 +142,7 @@ def test_default_profile_weights_and_explanation() -> None:
     assert [f.name for f in sched.filters] == ["hot-spot-spill-filter"]
     assert [(w.scorer.name, w.weight) for w in sched.scorers] == [
         ("prefix-cache-scorer", 5.0), ("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0),
-        ("inflight-load-scorer", 2.0)]
+        ("inflight-load-scorer", 1.0)]
     eps = endpoints(fresh(4, kv=0.5), fresh(0, kv=0.1))
     d = sched.schedule(SchedulingRequest(request_id="x", model="m"), eps)
     assert d.primary is eps[1]

@@ -1,0 +1,193 @@
+"""The benchmark's arithmetic: pure functions from measured requests to the reported figures.
+
+- `percentile(values, q)`: nearest rank (`bench.overhead.percentile`), q in percent.
+- `hit_rate`: cached prompt tokens / prompt tokens over the successful requests, as the
+  replicas reported them in `usage`.
+- `histogram_quantile(q, buckets)`: Prometheus' estimate from cumulative buckets: find the
+  bucket holding rank q x count and interpolate linearly inside it (the first bucket starts at
+  0; a rank in the +Inf bucket returns the highest finite bound).
+- `prefill_work_s`: model time the replicas spent computing prompt tokens that missed the cache
+  (uncached tokens x the simulator's `prefill_time_per_token`, 0.06 ms): the GPU work prefix
+  caching saves, independent of how the load was spread.
+- `replica_load`: requests per replica (every replica listed, idle ones as 0), max, mean and
+  max / mean.
+- `summarize`: one router on one workload -> the row of the results table.
+- `evaluate_targets`: the benchmark goals, checked against the summaries (see TARGETS).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.client import RequestResult
+from bench.overhead import percentile
+from extproc.metrics.prom_text import samples
+from extproc.sim.config import SimConfig
+
+__all__ = ["Target", "evaluate_targets", "histogram_quantile", "hit_rate", "parse_histogram", "percentile",
+           "prefill_work_s", "replica_load", "summarize"]
+
+DECISION_HISTOGRAM = "inference_extension_scheduler_e2e_duration_seconds"
+PREFILL_S_PER_TOKEN = SimConfig().prefill_time_per_token / 1000
+
+
+def hit_rate(results: Iterable[RequestResult]) -> float:
+    prompt = cached = 0
+    for r in results:
+        if r.ok:
+            prompt += r.prompt_tokens
+            cached += r.cached_tokens
+    return cached / prompt if prompt else 0.0
+
+
+def prefill_work_s(results: Iterable[RequestResult], s_per_token: float = PREFILL_S_PER_TOKEN) -> float:
+    return sum(r.prompt_tokens - r.cached_tokens for r in results if r.ok) * s_per_token
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
+    """q in [0, 1]; buckets: (upper bound, cumulative count) in increasing order, the last +Inf."""
+    if not buckets or buckets[-1][1] <= 0:
+        return math.nan
+    rank = q * buckets[-1][1]
+    prev_bound, prev_count = 0.0, 0.0
+    for i, (bound, cumulative) in enumerate(buckets):
+        if cumulative >= rank and cumulative > prev_count:
+            if math.isinf(bound):
+                return buckets[i - 1][0] if i else math.nan
+            lower = prev_bound if i else min(0.0, bound)
+            return lower + (bound - lower) * (rank - prev_count) / (cumulative - prev_count)
+        prev_bound, prev_count = bound, cumulative
+    return buckets[-1][0]
+
+
+def parse_histogram(text: bytes, name: str) -> list[tuple[float, float]]:
+    """Cumulative buckets of histogram `name` from Prometheus text (all label sets summed)."""
+    by_bound: dict[float, float] = {}
+    for labels, value in samples(text, f"{name}_bucket".encode()):
+        le = labels.get("le")
+        if le is not None:
+            bound = float(le)
+            by_bound[bound] = by_bound.get(bound, 0.0) + value
+    return sorted(by_bound.items())
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    counts: dict[str, int]
+
+    @property
+    def max(self) -> int:
+        return max(self.counts.values(), default=0)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.counts.values()) / len(self.counts) if self.counts else 0.0
+
+    @property
+    def max_over_mean(self) -> float:
+        return self.max / self.mean if self.mean else 0.0
+
+
+def replica_load(served_by: Iterable[str], replicas: Sequence[str]) -> ReplicaLoad:
+    """Requests per replica; replicas that served nothing count as 0."""
+    counts = Counter(s for s in served_by if s)
+    return ReplicaLoad({r: counts.get(r, 0) for r in replicas} | dict(counts))
+
+
+def _ms(values: list[float], q: float) -> float:
+    return round(percentile(values, q) * 1000, 1) if values else math.nan
+
+
+def summarize(results: Sequence[RequestResult], wall_s: float, replicas: Sequence[str],
+              picker_metrics: bytes | None = None) -> dict[str, Any]:
+    """One router on one workload: the figures of the results table (times in ms)."""
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    e2e = [r.e2e_s for r in ok]
+    load = replica_load((r.served_by for r in ok), replicas)
+    row: dict[str, Any] = {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "hit_rate": round(hit_rate(results), 4),
+        "prefill_work_s": round(prefill_work_s(results), 1),
+        "ttft_ms": {"p50": _ms(ttft, 50), "p90": _ms(ttft, 90), "p99": _ms(ttft, 99)},
+        "e2e_ms": {"p50": _ms(e2e, 50), "p99": _ms(e2e, 99)},
+        "output_tokens_per_s": round(sum(r.completion_tokens for r in ok) / wall_s, 1) if wall_s > 0 else 0.0,
+        "requests_per_replica": load.counts,
+        "replica_max": load.max,
+        "replica_mean": round(load.mean, 2),
+        "replica_max_over_mean": round(load.max_over_mean, 3),
+        "start_lag_p99_ms": _ms([r.lag_s for r in results], 99),
+        "wall_s": round(wall_s, 2),
+    }
+    if picker_metrics is not None:
+        buckets = parse_histogram(picker_metrics, DECISION_HISTOGRAM)
+        row["decision_ms"] = {f"p{q}": round(histogram_quantile(q / 100, buckets) * 1000, 3) for q in (50, 99)}
+    return row
+
+
+@dataclass(frozen=True)
+class Target:
+    workload: str
+    goal: str
+    value: float
+    bound: float
+    met: bool
+
+    @property
+    def miss(self) -> str:
+        """By how much the goal was missed, relative to its bound ('' when met)."""
+        if self.met or not self.bound:
+            return ""
+        return f"{abs(self.value - self.bound) / self.bound:.0%}"
+
+
+# (workload, goal text, metric of the candidate, comparison, bound from: oracle | another router x factor)
+TARGETS: tuple[tuple[str, str, str, str, str, float], ...] = (
+    ("shared-prefix", "hit rate >= 90% of oracle", "hit_rate", ">=", "oracle", 0.9),
+    ("shared-prefix", "TTFT p50 <= 1/3 of random", "ttft_ms.p50", "<=", "random", 1 / 3),
+    ("shared-prefix", "TTFT p99 <= sglang-router", "ttft_ms.p99", "<=", "sglang-router", 1.0),
+    ("multi-turn", "hit rate >= 90% of oracle", "hit_rate", ">=", "oracle", 0.9),
+    ("multi-turn", "TTFT p50 <= 1/3 of random", "ttft_ms.p50", "<=", "random", 1 / 3),
+    ("multi-turn", "TTFT p99 <= sglang-router", "ttft_ms.p99", "<=", "sglang-router", 1.0),
+    ("hot-prefix", "max replica load <= 2x mean", "replica_max_over_mean", "<=", "constant", 2.0),
+    ("no-reuse", "TTFT p99 <= 1.1x least-request", "ttft_ms.p99", "<=", "least-request", 1.1),
+)
+
+
+def _get(row: Mapping[str, Any], path: str) -> float:
+    value: Any = row
+    for key in path.split("."):
+        value = value[key]
+    return float(value)
+
+
+def evaluate_targets(summaries: Mapping[str, Mapping[str, Mapping[str, Any]]], oracle: Mapping[str, float],
+                     candidate: str = "prefix-epp") -> list[Target]:
+    """Check TARGETS for `candidate`; summaries[workload][router] are `summarize` rows.
+
+    A goal whose workload, candidate or reference router was not run is left out.
+    """
+    out: list[Target] = []
+    for workload, goal, metric, op, reference, factor in TARGETS:
+        rows = summaries.get(workload, {})
+        if candidate not in rows:
+            continue
+        if reference == "oracle":
+            if workload not in oracle:
+                continue
+            base = oracle[workload]
+        elif reference == "constant":
+            base = 1.0
+        elif reference in rows:
+            base = _get(rows[reference], metric)
+        else:
+            continue
+        value, bound = _get(rows[candidate], metric), base * factor
+        met = value >= bound if op == ">=" else value <= bound
+        out.append(Target(workload, goal, value, round(bound, 4), met))
+    return out

@@ -1,0 +1,160 @@
+"""Start and stop the simulated replicas and each router setup the benchmark compares.
+
+Everything listens on 127.0.0.1 and runs as a child process in its own process group
+(`tests.support.procs.running`): leaving a `with` block, an exception or Ctrl-C stops it (TERM,
+then KILL). Setups, all in front of the same replicas:
+
+- `random`, `round-robin`, `least-request`: Envoy alone, lb_policy RANDOM / ROUND_ROBIN /
+  LEAST_REQUEST (Envoy's default: the less loaded of 2 random hosts) over a STATIC cluster of
+  the replicas (`bench.overhead.plain_envoy_config`).
+- `prefix-epp`: `python -m extproc serve --endpoints ... --secure-serving=false` (default
+  scheduling unless `picker_args` add flags) behind Envoy configured by
+  `extproc.envoy_config.build_config` (full-duplex ext_proc, override_host cluster).
+- `sglang-router`: sglang-router 0.3.2, `--policy cache_aware` with its defaults, `--host
+  127.0.0.1` and its own `--prometheus-port`. The simulator serves no /server_info or
+  /model_info, so the router finds no model path and downloads no tokenizer (it logs "No
+  tokenizer_path or model_path found for model unknown"); its connections stay on loopback.
+
+Replicas: `prefix-epp sim` with one process for all replicas on consecutive ports, KV events off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.overhead import plain_envoy_config
+from extproc.envoy_config import build_config, render
+from tests.support.envoy import envoy_binary
+from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
+
+ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
+ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "sglang-router")
+
+
+@dataclass(frozen=True)
+class Router:
+    name: str
+    url: str  # base URL clients send /v1/... to
+    procs: tuple[Proc, ...]  # the processes of this setup
+    picker_metrics_url: str = ""  # prefix-epp's /metrics
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Simulated replicas: their ip:port, and the one process hosting them all."""
+
+    addresses: list[str]
+    proc: Proc
+
+
+def dead(procs: Sequence[Proc]) -> list[str]:
+    """'argv[0..1] exited with CODE' for each process that is no longer running."""
+    return [f"{' '.join(p.args[:3])} exited with {p.popen.returncode}" for p in procs if not p.alive()]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    replicas: int
+    kv_cache_blocks: int
+    time_scale: float = 1.0
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_model_len: int = 32768
+
+
+def consecutive_free_ports(n: int, attempts: int = 50) -> int:
+    """First of n consecutive ports on 127.0.0.1 that were all free a moment ago."""
+    for _ in range(attempts):
+        base = free_ports(1)[0]
+        if base + n > 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
+@contextlib.contextmanager
+def sim_replicas(tmp: Path, sim: SimSettings) -> Iterator[Pool]:
+    """Start `sim.replicas` fresh (cold-cache) simulated replicas."""
+    base = consecutive_free_ports(sim.replicas)
+    max_model_len = min(sim.max_model_len, sim.kv_cache_blocks * sim.block_size)
+    args = prefix_epp("sim", "--replicas", str(sim.replicas), "--port", str(base),
+                      "--time-scale", str(sim.time_scale), "--kv-cache-blocks", str(sim.kv_cache_blocks),
+                      "--block-size", str(sim.block_size), "--max-num-seqs", str(sim.max_num_seqs),
+                      "--max-model-len", str(max_model_len), "--no-kv-events", "--log-level", "warning")
+    with running(args, tmp / "sim.log", wait_port=base) as proc:
+        for i in range(sim.replicas):
+            wait_for_port(base + i, proc=proc.popen)
+        yield Pool([f"127.0.0.1:{base + i}" for i in range(sim.replicas)], proc)
+
+
+@contextlib.contextmanager
+def _envoy(tmp: Path, name: str, config: dict[str, object], listen: int) -> Iterator[Proc]:
+    path = tmp / f"{name}.yaml"
+    path.write_text(render(config))
+    args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning",
+            "--base-id", str(listen)]
+    with running(args, tmp / f"{name}.log", wait_port=listen) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def envoy_lb(tmp: Path, name: str, backends: Sequence[str]) -> Iterator[Router]:
+    listen, admin = free_ports(2)
+    config = plain_envoy_config(listen, admin, list(backends))
+    for cluster in config["static_resources"]["clusters"]:
+        cluster["lb_policy"] = ENVOY_POLICIES[name]
+    with _envoy(tmp, f"envoy-{name}", config, listen) as envoy:
+        yield Router(name, f"http://127.0.0.1:{listen}", (envoy,))
+
+
+@contextlib.contextmanager
+def prefix_epp_router(tmp: Path, backends: Sequence[str], picker_args: Sequence[str] = (),
+                      name: str = "prefix-epp") -> Iterator[Router]:
+    grpc_port, health_port, metrics_port, listen, admin = free_ports(5)
+    args = prefix_epp("serve", "--endpoints", ",".join(backends), "--secure-serving=false",
+                      "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
+                      "--metrics-port", str(metrics_port), "--bind-address", "127.0.0.1",
+                      "--log-level", "warning", *picker_args)
+    with running(args, tmp / "picker.log", wait_port=grpc_port) as picker:
+        wait_for_port(metrics_port)
+        config = build_config(listen, f"127.0.0.1:{grpc_port}", admin, epp_tls=False, endpoints=tuple(backends))
+        with _envoy(tmp, "envoy-prefix-epp", config, listen) as envoy:
+            yield Router(name, f"http://127.0.0.1:{listen}", (picker, envoy), f"http://127.0.0.1:{metrics_port}/metrics")
+
+
+@contextlib.contextmanager
+def sglang_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
+    port, prometheus = free_ports(2)
+    args = python_module("sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+                         "--worker-urls", *(f"http://{b}" for b in backends), "--policy", "cache_aware",
+                         "--prometheus-port", str(prometheus), "--prometheus-host", "127.0.0.1",
+                         "--log-level", "warn")
+    with running(args, tmp / "sglang-router.log", wait_port=port) as proc:
+        yield Router("sglang-router", f"http://127.0.0.1:{port}", (proc,))
+
+
+def start(name: str, tmp: Path, backends: Sequence[str],
+          picker_args: Sequence[str] = ()) -> contextlib.AbstractContextManager[Router]:
+    """The router setup called `name` (one of ROUTERS) in front of `backends`."""
+    if name in ENVOY_POLICIES:
+        return envoy_lb(tmp, name, backends)
+    if name == "prefix-epp":
+        return prefix_epp_router(tmp, backends, picker_args)
+    if name == "sglang-router":
+        return sglang_router(tmp, backends)
+    raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")

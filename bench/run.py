@@ -1,0 +1,283 @@
+"""Side-by-side benchmark: prefix-epp against the routers users would pick instead (`make bench`).
+
+For every workload (`bench.workloads`) and router (`bench.routers`), in that order:
+1. start fresh simulated replicas (cold caches; `--replicas`, real time unless `--time-scale`),
+   with the workload's KV-cache size (`bench.workloads.kv_cache_blocks` from the oracle's
+   working set);
+2. start the router in front of them and wait until a one-token request gets through;
+3. replay the workload open loop (`bench.client`), the same seeded sequence for every router;
+4. read prefix-epp's /metrics (decision latency), stop everything, summarise (`bench.metrics`).
+The oracle bound (`bench.oracle`) is computed once per workload.
+
+Writes to --out-dir (bench/results): {name}.json (config, oracle, every summary, targets),
+{name}.md (the tables), {name}-ttft.png, {name}-hit_rate.png, {name}-load.png, and per-request
+records under raw/ (not committed). `name` is "bench", or "bench-quick" with --quick. Each
+summary also carries `cpu_busy` (the machine's CPU use during the run) and `start_lag_p99_ms`
+(how late the client sent against the plan): both flag a machine too busy to trust the figures.
+
+    python -m bench.run                       # everything, ~17 min on 2 cores
+    python -m bench.run --quick               # a third of the requests
+    python -m bench.run --render-only         # rewrite tables and figures from the saved results
+    python -m bench.run --workloads hot-prefix --routers prefix-epp least-request
+    python -m bench.run --workloads hot-prefix --routers prefix-epp \\
+        --picker-variant "--spill-absolute 2"  # also run prefix-epp with other flags
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import client, plots
+from bench.metrics import Target, evaluate_targets, summarize
+from bench.oracle import OracleResult, workload_oracle
+from bench.routers import ROUTERS, SimSettings, dead, sim_replicas, start
+from bench.workloads import WORKLOADS, Workload, build, kv_cache_blocks
+
+DEFAULT_REPLICAS = 4
+ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_policy ROUND_ROBIN",
+                "least-request": "Envoy, lb_policy LEAST_REQUEST", "prefix-epp": "Envoy + the picker",
+                "sglang-router": "sglang-router cache_aware"}
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """A router setup to run: `name` from bench.routers.ROUTERS; picker flags for prefix-epp variants."""
+
+    name: str
+    picker_args: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {shlex.join(self.picker_args)}" if self.picker_args else self.name
+
+
+@dataclass
+class Outcome:
+    summary: dict[str, Any]
+    run: client.RunResult
+
+
+def sim_settings(oracle: OracleResult, replicas: int, time_scale: float) -> SimSettings:
+    blocks = kv_cache_blocks(oracle.working_set_blocks, oracle.largest_request_blocks, replicas)
+    return SimSettings(replicas=replicas, kv_cache_blocks=blocks, time_scale=time_scale)
+
+
+def _cpu_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)
+
+
+class SetupDied(RuntimeError):
+    """A process of the setup (replicas, Envoy, picker, router) stopped during the run."""
+
+
+def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
+            log: Callable[[str], None] | None = None) -> Outcome:
+    """Fresh replicas + one router, the whole workload through it, then everything stopped.
+
+    `log` gets one line per phase (the demo shows them).
+    """
+    say = log or (lambda line: None)
+    tmp.mkdir(parents=True, exist_ok=True)
+    say(f"[{router.label}] starting {sim.replicas} simulated replicas ({sim.kv_cache_blocks} KV blocks each)")
+    with sim_replicas(tmp, sim) as pool:
+        say(f"[{router.label}] starting the router ({ROUTER_PARTS.get(router.name, router.name)})")
+        with start(router.name, tmp, pool.addresses, router.picker_args) as handle:
+            asyncio.run(client.probe(handle.url))
+            say(f"[{router.label}] sending {workload.requests} requests over ~{workload.duration_s:.0f} s")
+            busy0, total0 = _cpu_busy()
+            result = asyncio.run(client.run(handle.url, workload, sim.time_scale))
+            busy1, total1 = _cpu_busy()
+            died = dead([pool.proc, *handle.procs])
+            if died:
+                raise SetupDied("; ".join(died))
+            picker_metrics = None
+            if handle.picker_metrics_url:
+                with urllib.request.urlopen(handle.picker_metrics_url, timeout=5) as resp:
+                    picker_metrics = resp.read()
+    say(f"[{router.label}] {len(result.requests)} requests done in {result.wall_s:.0f} s; everything stopped")
+    summary = summarize(result.requests, result.wall_s, pool.addresses, picker_metrics)
+    summary["cpu_busy"] = round((busy1 - busy0) / (total1 - total0), 3) if total1 > total0 else None
+    return Outcome(summary, result)
+
+
+def run_retrying(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
+                 log: Callable[[str], None], attempts: int = 2) -> Outcome:
+    """`run_one`, again from scratch if a process of the setup died under it (reported in the log)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return run_one(tmp / f"try{attempt}", workload, router, sim)
+        except SetupDied as exc:
+            log(f"  {router.label}: {exc} (attempt {attempt} of {attempts}; logs in {tmp})")
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def fmt(value: float, digits: int = 0) -> str:
+    return "-" if value != value else f"{value:,.{digits}f}"  # NaN -> "-"
+
+
+def results_table(summaries: dict[str, dict[str, dict[str, Any]]], oracle: dict[str, float]) -> str:
+    lines = [
+        "| workload | router | hit rate | of oracle | prefill work (s) | TTFT p50 | p90 | p99 | e2e p50 | p99 "
+        "| output tok/s | req/replica max / mean | errors | decision p50 / p99 (ms) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for workload, rows in summaries.items():
+        bound = oracle.get(workload, 0.0)
+        if bound:
+            lines.append(f"| {workload} | *oracle (infinite cache)* | {bound:.1%} | 100% | | | | | | | | | | |")
+        for router, r in rows.items():
+            of_oracle = f"{r['hit_rate'] / bound:.1%}" if bound else "-"
+            decision = f"{r['decision_ms']['p50']:.2f} / {r['decision_ms']['p99']:.2f}" if "decision_ms" in r else ""
+            t, e = r["ttft_ms"], r["e2e_ms"]
+            lines.append(
+                f"| {workload} | {router} | {r['hit_rate']:.1%} | {of_oracle} | {fmt(r['prefill_work_s'])} "
+                f"| {fmt(t['p50'])} | {fmt(t['p90'])} | {fmt(t['p99'])} | {fmt(e['p50'])} | {fmt(e['p99'])} "
+                f"| {fmt(r['output_tokens_per_s'])} | {r['replica_max']} / {r['replica_mean']:.1f} | {r['errors']} "
+                f"| {decision} |")
+    return "\n".join(lines)
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
+def targets_table(targets: dict[str, list[Target]]) -> str:
+    lines = ["| router | workload | goal | value | bound | met |", "|---|---|---|---:|---:|---|"]
+    for candidate, rows in targets.items():
+        for t in rows:
+            verdict = "yes" if t.met else f"**no** (by {t.miss})"
+            lines.append(f"| {candidate} | {t.workload} | {t.goal} | {_num(t.value)} | {_num(t.bound)} | {verdict} |")
+    return "\n".join(lines)
+
+
+def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict[str, OracleResult],
+                  summaries: dict[str, dict[str, dict[str, Any]]], ttfts: dict[str, dict[str, list[float]]],
+                  candidates: Sequence[str]) -> dict[str, list[Target]]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rates = {w: o.hit_rate for w, o in oracle.items()}
+    targets = {c: evaluate_targets(summaries, rates, c) for c in candidates}
+    doc = {
+        "config": config,
+        "oracle": {w: {**asdict(o), "hit_rate": round(o.hit_rate, 4)} for w, o in oracle.items()},
+        "results": summaries,
+        "targets": {c: [{**asdict(t), "miss": t.miss} for t in ts] for c, ts in targets.items()},
+    }
+    (out_dir / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    md = [f"Replicas: {config['replicas']} simulated vLLM replicas (time scale {config['time_scale']}); "
+          "times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage.", "",
+          results_table(summaries, rates), "", "Targets:", "", targets_table(targets), ""]
+    (out_dir / f"{name}.md").write_text("\n".join(md))
+    if summaries:
+        plots.write_all(summaries, rates, ttfts, out_dir, name)
+    return targets
+
+
+def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: bool, replicas: int, load: float,
+            time_scale: float, out_dir: Path, name: str, log: Callable[[str], None] = print,
+            work_dir: Path | None = None) -> dict[str, Any]:
+    summaries: dict[str, dict[str, dict[str, Any]]] = {}
+    ttfts: dict[str, dict[str, list[float]]] = {}
+    oracle: dict[str, OracleResult] = {}
+    config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
+                              "workloads": {}}
+    candidates = [r.label for r in routers if r.name == "prefix-epp"]
+    raw_dir = out_dir / "raw"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    total, done, began = len(workloads) * len(routers), 0, time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="prefix-epp-bench-") as tmp_dir:
+        tmp_root = str(work_dir) if work_dir else tmp_dir
+        for wname in workloads:
+            workload = build(wname, quick=quick, load=load)
+            oracle[wname] = workload_oracle(workload)
+            sim = sim_settings(oracle[wname], replicas, time_scale)
+            config["workloads"][wname] = {"params": dict(workload.params), "requests": workload.requests,
+                                          "kv_cache_blocks_per_replica": sim.kv_cache_blocks}
+            log(f"{wname}: {workload.requests} requests over ~{workload.duration_s:.0f} s, oracle hit rate "
+                f"{oracle[wname].hit_rate:.1%}, prefix working set {oracle[wname].working_set_blocks} blocks, "
+                f"KV cache {sim.kv_cache_blocks} blocks x {replicas} replicas")
+            for router in routers:
+                done += 1
+                t0 = time.monotonic()
+                outcome = run_retrying(Path(tmp_root) / f"{wname}-{done}", workload, router, sim, log)
+                s = outcome.summary
+                summaries.setdefault(wname, {})[router.label] = s
+                ttfts.setdefault(wname, {})[router.label] = [r.ttft_s * 1000 for r in outcome.run.requests
+                                                             if r.ok and r.ttft_s is not None]
+                (raw_dir / f"{name}.{wname}.{router.label.replace(' ', '_')}.json").write_text(
+                    json.dumps([asdict(r) for r in outcome.run.requests]))
+                log(f"  [{done}/{total}] {router.label:<14} hit {s['hit_rate']:.1%}  "
+                    f"TTFT p50 {fmt(s['ttft_ms']['p50'])} p99 {fmt(s['ttft_ms']['p99'])} ms  "
+                    f"max/mean load {s['replica_max_over_mean']:.2f}  errors {s['errors']}  "
+                    f"cpu {s['cpu_busy']:.0%}  ({time.monotonic() - t0:.0f} s)")
+            write_results(out_dir, name, config, oracle, summaries, ttfts, candidates)
+    targets = write_results(out_dir, name, config, oracle, summaries, ttfts, candidates)
+    log(f"done in {time.monotonic() - began:.0f} s; results in {out_dir}/{name}.md")
+    return {"summaries": summaries, "oracle": oracle, "targets": targets}
+
+
+def render_only(out_dir: Path, name: str) -> None:
+    """Rewrite {name}.md and the figures from {name}.json and raw/ (after changing the tables or plots)."""
+    doc = json.loads((out_dir / f"{name}.json").read_text())
+    oracle = {w: OracleResult(o["prompt_tokens"], o["cached_tokens"], o["working_set_blocks"],
+                              o["largest_request_blocks"]) for w, o in doc["oracle"].items()}
+    ttfts: dict[str, dict[str, list[float]]] = {}
+    for workload, rows in doc["results"].items():
+        for router in rows:
+            raw = json.loads((out_dir / "raw" / f"{name}.{workload}.{router.replace(' ', '_')}.json").read_text())
+            ttfts.setdefault(workload, {})[router] = [r["ttft_s"] * 1000 for r in raw
+                                                      if r["status"] == 200 and not r["error"] and r["ttft_s"]]
+    write_results(out_dir, name, doc["config"], oracle, doc["results"], ttfts, list(doc["targets"]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="about a third of the requests per workload")
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS))
+    p.add_argument("--picker-variant", action="append", default=[], metavar="FLAGS",
+                   help="also run prefix-epp with these extra flags, e.g. '--spill-absolute 2' (repeatable)")
+    p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS)
+    p.add_argument("--load", type=float, default=1.0, help="multiply every arrival rate (calibration)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="simulator speed-up (1: real time)")
+    p.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    p.add_argument("--name", help="file name stem (default: bench, or bench-quick with --quick)")
+    p.add_argument("--work-dir", type=Path, help="keep configs and process logs here (default: a temporary dir)")
+    p.add_argument("--render-only", action="store_true", help="rewrite the tables and figures from saved results")
+    args = p.parse_args(argv)
+    routers = [RouterSpec(r) for r in args.routers]
+    routers += [RouterSpec("prefix-epp", tuple(shlex.split(v))) for v in args.picker_variant]
+    name = args.name or ("bench-quick" if args.quick else "bench")
+    if args.render_only:
+        render_only(args.out_dir, name)
+        print((args.out_dir / f"{name}.md").read_text())
+        return 0
+    result = run_all(args.workloads, routers, quick=args.quick, replicas=args.replicas, load=args.load,
+                     time_scale=args.time_scale,
+                     out_dir=args.out_dir, name=name, log=lambda line: print(line, flush=True),
+                     work_dir=args.work_dir)
+    print((args.out_dir / f"{name}.md").read_text())
+    return 0 if result["summaries"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""bench.metrics: percentiles, hit rate, histogram quantiles, per-replica load, summaries, targets."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from bench.client import RequestResult
+from bench.metrics import (
+    evaluate_targets,
+    histogram_quantile,
+    hit_rate,
+    parse_histogram,
+    percentile,
+    prefill_work_s,
+    replica_load,
+    summarize,
+)
+
+
+def req(ttft: float | None = 0.1, e2e: float = 1.0, prompt: int = 100, cached: int = 0, served: str = "a",
+        status: int = 200, error: str = "", completion: int = 10) -> RequestResult:
+    return RequestResult(0, 0, "x", 0.0, 0.0, status, ttft, e2e, prompt, cached, completion, served, error)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert [percentile(values, q) for q in (0, 50, 100)] == [1.0, 3.0, 5.0]
+    assert percentile([float(i) for i in range(1, 102)], 99) == 100.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_hit_rate_counts_only_successful_requests() -> None:
+    results = [req(prompt=100, cached=50), req(prompt=300, cached=250), req(prompt=1000, cached=0, status=500)]
+    assert hit_rate(results) == pytest.approx(300 / 400)
+    assert hit_rate([]) == 0.0
+    assert hit_rate([req(prompt=100, cached=100, error="stream ended without usage")]) == 0.0
+
+
+def test_prefill_work_is_uncached_tokens_times_cost() -> None:
+    assert prefill_work_s([req(prompt=1000, cached=400), req(prompt=50, cached=0)], 0.001) == pytest.approx(0.65)
+
+
+BUCKETS = [(0.1, 10.0), (0.2, 30.0), (0.4, 40.0), (math.inf, 40.0)]
+
+
+@pytest.mark.parametrize(("q", "expected"), [
+    (0.125, 0.05),  # rank 5: halfway through the 10 of (0, 0.1]
+    (0.25, 0.1),  # rank 10: the top of (0, 0.1]
+    (0.5, 0.15),  # rank 20: 10 into the 20 of (0.1, 0.2]
+    (0.9, 0.32),  # rank 36: 6 into the 10 of (0.2, 0.4]
+])
+def test_histogram_quantile_interpolates_within_the_bucket(q: float, expected: float) -> None:
+    assert histogram_quantile(q, BUCKETS) == pytest.approx(expected)
+
+
+def test_histogram_quantile_first_bucket_starts_at_zero() -> None:
+    assert histogram_quantile(0.25, [(0.1, 20.0), (math.inf, 20.0)]) == pytest.approx(0.025)
+
+
+def test_histogram_quantile_in_the_inf_bucket_returns_the_highest_finite_bound() -> None:
+    assert histogram_quantile(0.99, [(0.1, 5.0), (0.5, 8.0), (math.inf, 10.0)]) == 0.5
+
+
+def test_histogram_quantile_of_nothing_is_nan() -> None:
+    assert math.isnan(histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]))
+    assert math.isnan(histogram_quantile(0.5, []))
+
+
+def test_parse_histogram_reads_cumulative_buckets() -> None:
+    text = b"""# HELP h Decision latency
+# TYPE h histogram
+h_bucket{le="0.001"} 3.0
+h_bucket{le="0.01"} 7.0
+h_bucket{le="+Inf"} 8.0
+h_count 8.0
+h_sum 0.02
+other_bucket{le="0.001"} 99.0
+"""
+    buckets = parse_histogram(text, "h")
+    assert buckets == [(0.001, 3.0), (0.01, 7.0), (math.inf, 8.0)]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.001 + 0.009 * (4 - 3) / 4)
+
+
+def test_replica_load_lists_idle_replicas_as_zero() -> None:
+    load = replica_load(["a", "a", "a", "b", ""], ["a", "b", "c"])
+    assert load.counts == {"a": 3, "b": 1, "c": 0}
+    assert load.max == 3 and load.mean == pytest.approx(4 / 3)
+    assert load.max_over_mean == pytest.approx(2.25)
+    assert replica_load([], []).max_over_mean == 0.0
+
+
+def test_summarize_reports_errors_latencies_and_load() -> None:
+    results = [req(ttft=t / 1000, e2e=t / 100, cached=50, served=s) for t, s in zip(range(1, 101), "ab" * 50,
+                                                                                  strict=True)]
+    results.append(req(status=503, served="a"))
+    row = summarize(results, wall_s=10.0, replicas=["a", "b", "c"])
+    assert row["requests"] == 101 and row["errors"] == 1
+    assert row["hit_rate"] == 0.5
+    assert row["ttft_ms"]["p50"] == pytest.approx(51.0) and row["ttft_ms"]["p99"] == pytest.approx(99.0)
+    assert row["e2e_ms"]["p50"] == pytest.approx(510.0)
+    assert row["output_tokens_per_s"] == 100.0  # 100 ok requests x 10 tokens / 10 s
+    assert row["requests_per_replica"] == {"a": 50, "b": 50, "c": 0}
+    assert row["replica_max_over_mean"] == pytest.approx(1.5)
+    assert "decision_ms" not in row
+
+
+def test_summarize_reads_the_picker_decision_histogram() -> None:
+    text = (b'inference_extension_scheduler_e2e_duration_seconds_bucket{le="0.0005"} 50.0\n'
+            b'inference_extension_scheduler_e2e_duration_seconds_bucket{le="0.001"} 100.0\n'
+            b'inference_extension_scheduler_e2e_duration_seconds_bucket{le="+Inf"} 100.0\n')
+    row = summarize([req()], 1.0, ["a"], picker_metrics=text)
+    assert row["decision_ms"] == {"p50": 0.5, "p99": pytest.approx(0.99)}
+
+
+def row(hit: float = 0.5, p50: float = 100.0, p99: float = 1000.0, max_over_mean: float = 1.0) -> dict[str, Any]:
+    return {"hit_rate": hit, "ttft_ms": {"p50": p50, "p99": p99}, "replica_max_over_mean": max_over_mean}
+
+
+def test_targets_met_and_missed() -> None:
+    summaries = {
+        "shared-prefix": {"prefix-epp": row(hit=0.6, p50=100, p99=900), "random": row(hit=0.2, p50=450),
+                          "sglang-router": row(p99=800)},
+        "hot-prefix": {"prefix-epp": row(max_over_mean=2.5)},
+        "no-reuse": {"prefix-epp": row(p99=1050), "least-request": row(p99=1000)},
+    }
+    targets = {(t.workload, t.goal): t for t in evaluate_targets(summaries, {"shared-prefix": 0.64})}
+    assert len(targets) == 5  # multi-turn was not run; its goals are left out
+    assert targets[("shared-prefix", "hit rate >= 90% of oracle")].met  # 0.6 >= 0.576
+    assert targets[("shared-prefix", "TTFT p50 <= 1/3 of random")].met  # 100 <= 150
+    p99 = targets[("shared-prefix", "TTFT p99 <= sglang-router")]
+    assert not p99.met and p99.miss == "12%"  # 900 vs 800
+    hot = targets[("hot-prefix", "max replica load <= 2x mean")]
+    assert not hot.met and hot.bound == 2.0 and hot.miss == "25%"
+    assert targets[("no-reuse", "TTFT p99 <= 1.1x least-request")].met  # 1050 <= 1100
+    assert evaluate_targets(summaries, {}, candidate="nobody") == []
