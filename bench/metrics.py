@@ -11,6 +11,10 @@
   caching saves, independent of how the load was spread.
 - `replica_load`: requests per replica (every replica listed, idle ones as 0), max, mean and
   max / mean.
+- `prediction_accuracy(text)`: the picker's closed loop per scorer (approximate, precise), from
+  its /metrics: predictions compared with the replicas' usage, the share within one block
+  (`..._predicted_within_one_block_total / ..._predictions_total`) and the mean absolute error in
+  tokens (`..._prediction_error_tokens_sum / _count`).
 - `summarize`: one router on one workload -> the row of the results table.
 - `evaluate_targets`: the benchmark goals, checked against the summaries (see TARGETS).
 """
@@ -29,9 +33,12 @@ from extproc.metrics.prom_text import samples
 from extproc.sim.config import SimConfig
 
 __all__ = ["Target", "evaluate_targets", "histogram_quantile", "hit_rate", "parse_histogram", "percentile",
-           "prefill_work_s", "replica_load", "summarize"]
+           "prediction_accuracy", "prefill_work_s", "replica_load", "summarize"]
 
 DECISION_HISTOGRAM = "inference_extension_scheduler_e2e_duration_seconds"
+PREDICTIONS = "prefix_epp_cached_tokens_predictions_total"
+PREDICTED_WITHIN = "prefix_epp_cached_tokens_predicted_within_one_block_total"
+PREDICTION_ERROR = "prefix_epp_cached_tokens_prediction_error_tokens"
 PREFILL_S_PER_TOKEN = SimConfig().prefill_time_per_token / 1000
 
 
@@ -73,6 +80,32 @@ def parse_histogram(text: bytes, name: str) -> list[tuple[float, float]]:
             bound = float(le)
             by_bound[bound] = by_bound.get(bound, 0.0) + value
     return sorted(by_bound.items())
+
+
+def _by_scorer(text: bytes, name: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in samples(text, name.encode()):
+        scorer = labels.get("scorer", "")
+        out[scorer] = out.get(scorer, 0.0) + value
+    return out
+
+
+def prediction_accuracy(text: bytes) -> dict[str, dict[str, float]]:
+    """Per scorer: predictions, within_one_block (share, NaN without predictions), mae_tokens."""
+    total = _by_scorer(text, PREDICTIONS)
+    within = _by_scorer(text, PREDICTED_WITHIN)
+    err_sum = _by_scorer(text, f"{PREDICTION_ERROR}_sum")
+    err_count = _by_scorer(text, f"{PREDICTION_ERROR}_count")
+    out: dict[str, dict[str, float]] = {}
+    for scorer in sorted(total):
+        n = total[scorer]
+        count = err_count.get(scorer, 0.0)
+        out[scorer] = {
+            "predictions": int(n),
+            "within_one_block": round(within.get(scorer, 0.0) / n, 4) if n else math.nan,
+            "mae_tokens": round(err_sum.get(scorer, 0.0) / count, 1) if count else math.nan,
+        }
+    return out
 
 
 @dataclass(frozen=True)
@@ -127,6 +160,9 @@ def summarize(results: Sequence[RequestResult], wall_s: float, replicas: Sequenc
     if picker_metrics is not None:
         buckets = parse_histogram(picker_metrics, DECISION_HISTOGRAM)
         row["decision_ms"] = {f"p{q}": round(histogram_quantile(q / 100, buckets) * 1000, 3) for q in (50, 99)}
+        accuracy = prediction_accuracy(picker_metrics)
+        if accuracy:
+            row["prediction"] = accuracy
     return row
 
 
@@ -157,6 +193,14 @@ TARGETS: tuple[tuple[str, str, str, str, str, float], ...] = (
     ("hot-prefix", "max replica load <= 2x mean", "replica_max_over_mean", "<=", "constant", 2.0),
     ("no-reuse", "TTFT p99 <= 1.1x least-request", "ttft_ms.p99", "<=", "least-request", 1.1),
 )
+# The same, for the precise scorer (candidate prefix-epp-precise, reference the approximate prefix-epp).
+PRECISE_TARGETS: tuple[tuple[str, str, str, str, str, float], ...] = (
+    ("cache-pressure", "TTFT p90 <= 1/2 of prefix-epp", "ttft_ms.p90", "<=", "prefix-epp", 0.5),
+    ("cache-pressure", "precise within one block >= 95%", "prediction.precise.within_one_block", ">=",
+     "constant", 0.95),
+    ("shared-prefix", "precise within one block >= 95%", "prediction.precise.within_one_block", ">=",
+     "constant", 0.95),
+)
 
 
 def _get(row: Mapping[str, Any], path: str) -> float:
@@ -170,10 +214,12 @@ def evaluate_targets(summaries: Mapping[str, Mapping[str, Mapping[str, Any]]], o
                      candidate: str = "prefix-epp") -> list[Target]:
     """Check TARGETS for `candidate`; summaries[workload][router] are `summarize` rows.
 
-    A goal whose workload, candidate or reference router was not run is left out.
+    A goal whose workload, candidate or reference router was not run is left out. Candidates
+    named prefix-epp-precise... are checked against PRECISE_TARGETS instead.
     """
     out: list[Target] = []
-    for workload, goal, metric, op, reference, factor in TARGETS:
+    goals = PRECISE_TARGETS if candidate.startswith("prefix-epp-precise") else TARGETS
+    for workload, goal, metric, op, reference, factor in goals:
         rows = summaries.get(workload, {})
         if candidate not in rows:
             continue
@@ -187,7 +233,11 @@ def evaluate_targets(summaries: Mapping[str, Mapping[str, Mapping[str, Any]]], o
             base = _get(rows[reference], metric)
         else:
             continue
-        value, bound = _get(rows[candidate], metric), base * factor
+        try:
+            value = _get(rows[candidate], metric)
+        except KeyError:
+            continue
+        bound = base * factor
         met = value >= bound if op == ">=" else value <= bound
         out.append(Target(workload, goal, value, round(bound, 4), met))
     return out

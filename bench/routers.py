@@ -10,12 +10,19 @@ then KILL). Setups, all in front of the same replicas:
 - `prefix-epp`: `python -m extproc serve --endpoints ... --secure-serving=false` (default
   scheduling unless `picker_args` add flags) behind Envoy configured by
   `extproc.envoy_config.build_config` (full-duplex ext_proc, override_host cluster).
+- `prefix-epp-precise`: the same with `--prefix-scorer precise`: the picker subscribes to the
+  replicas' KV events (`host:port@tcp://events@tcp://replay` endpoints) and routes on them.
+  Whenever the replicas publish events, plain `prefix-epp` also gets them, with `--kv-events`
+  (it still routes approximately), so both setups report both scorers' closed-loop accuracy.
 - `sglang-router`: sglang-router 0.3.2, `--policy cache_aware` with its defaults, `--host
   127.0.0.1` and its own `--prometheus-port`. The simulator serves no /server_info or
   /model_info, so the router finds no model path and downloads no tokenizer (it logs "No
   tokenizer_path or model_path found for model unknown"); its connections stay on loopback.
 
-Replicas: `prefix-epp sim` with one process for all replicas on consecutive ports, KV events off.
+Replicas: `prefix-epp sim` with one process for all replicas on consecutive ports. KV events
+are on only for the routers in KV_EVENT_ROUTERS (the two prefix-epp setups; replica i publishes on
+tcp://127.0.0.1:E+i, replay on R+i) and off (`--no-kv-events`) for the others, which cannot use
+them and should not pay the simulator's publishing CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.overhead import plain_envoy_config
@@ -32,7 +39,8 @@ from tests.support.envoy import envoy_binary
 from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 
 ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
-ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "sglang-router")
+ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-precise", "sglang-router")
+KV_EVENT_ROUTERS = frozenset({"prefix-epp", "prefix-epp-precise"})  # replicas publish KV events for these
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,8 @@ class Pool:
 
     addresses: list[str]
     proc: Proc
+    kv_events: list[str] = field(default_factory=list)  # per replica "tcp://events@tcp://replay" (events on)
+
 
 
 def dead(procs: Sequence[Proc]) -> list[str]:
@@ -64,6 +74,7 @@ class SimSettings:
     block_size: int = 16
     max_num_seqs: int = 256
     max_model_len: int = 32768
+    kv_events: bool = False  # replicas publish KV events (ZeroMQ PUB + replay ROUTER per replica)
 
 
 def consecutive_free_ports(n: int, attempts: int = 50) -> int:
@@ -89,17 +100,25 @@ def consecutive_free_ports(n: int, attempts: int = 50) -> int:
 
 @contextlib.contextmanager
 def sim_replicas(tmp: Path, sim: SimSettings) -> Iterator[Pool]:
-    """Start `sim.replicas` fresh (cold-cache) simulated replicas."""
-    base = consecutive_free_ports(sim.replicas)
+    """Start `sim.replicas` fresh (cold-cache) simulated replicas (publishing KV events if `sim.kv_events`)."""
+    n = sim.replicas
+    base = consecutive_free_ports(3 * n if sim.kv_events else n)  # HTTP, then events, then replay ports
     max_model_len = min(sim.max_model_len, sim.kv_cache_blocks * sim.block_size)
     args = prefix_epp("sim", "--replicas", str(sim.replicas), "--port", str(base),
                       "--time-scale", str(sim.time_scale), "--kv-cache-blocks", str(sim.kv_cache_blocks),
                       "--block-size", str(sim.block_size), "--max-num-seqs", str(sim.max_num_seqs),
-                      "--max-model-len", str(max_model_len), "--no-kv-events", "--log-level", "warning")
+                      "--max-model-len", str(max_model_len), "--log-level", "warning")
+    events: list[str] = []
+    if sim.kv_events:
+        pub, replay = base + n, base + 2 * n
+        args += ["--kv-events", "--kv-events-port-base", str(pub), "--kv-events-replay-port-base", str(replay)]
+        events = [f"tcp://127.0.0.1:{pub + i}@tcp://127.0.0.1:{replay + i}" for i in range(n)]
+    else:
+        args.append("--no-kv-events")
     with running(args, tmp / "sim.log", wait_port=base) as proc:
-        for i in range(sim.replicas):
+        for i in range(n):
             wait_for_port(base + i, proc=proc.popen)
-        yield Pool([f"127.0.0.1:{base + i}" for i in range(sim.replicas)], proc)
+        yield Pool([f"127.0.0.1:{base + i}" for i in range(n)], proc, events)
 
 
 @contextlib.contextmanager
@@ -124,9 +143,10 @@ def envoy_lb(tmp: Path, name: str, backends: Sequence[str]) -> Iterator[Router]:
 
 @contextlib.contextmanager
 def prefix_epp_router(tmp: Path, backends: Sequence[str], picker_args: Sequence[str] = (),
-                      name: str = "prefix-epp") -> Iterator[Router]:
+                      name: str = "prefix-epp", picker_endpoints: Sequence[str] = ()) -> Iterator[Router]:
+    """`picker_endpoints`: the picker's --endpoints entries (with KV-event addresses); default `backends`."""
     grpc_port, health_port, metrics_port, listen, admin = free_ports(5)
-    args = prefix_epp("serve", "--endpoints", ",".join(backends), "--secure-serving=false",
+    args = prefix_epp("serve", "--endpoints", ",".join(picker_endpoints or backends), "--secure-serving=false",
                       "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
                       "--metrics-port", str(metrics_port), "--bind-address", "127.0.0.1",
                       "--log-level", "warning", *picker_args)
@@ -148,13 +168,24 @@ def sglang_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
         yield Router("sglang-router", f"http://127.0.0.1:{port}", (proc,))
 
 
-def start(name: str, tmp: Path, backends: Sequence[str],
-          picker_args: Sequence[str] = ()) -> contextlib.AbstractContextManager[Router]:
-    """The router setup called `name` (one of ROUTERS) in front of `backends`."""
+def start(name: str, tmp: Path, backends: Sequence[str], picker_args: Sequence[str] = (),
+          kv_events: Sequence[str] = ()) -> contextlib.AbstractContextManager[Router]:
+    """The router setup called `name` (one of ROUTERS) in front of `backends`.
+
+    `kv_events`: per backend "tcp://events@tcp://replay" when the replicas publish KV events
+    (`Pool.kv_events`); prefix-epp then subscribes with `--kv-events`, prefix-epp-precise needs them.
+    """
     if name in ENVOY_POLICIES:
         return envoy_lb(tmp, name, backends)
-    if name == "prefix-epp":
-        return prefix_epp_router(tmp, backends, picker_args)
+    if name in KV_EVENT_ROUTERS:
+        endpoints = [f"{b}@{e}" for b, e in zip(backends, kv_events, strict=True)] if kv_events else []
+        if name == "prefix-epp-precise":
+            if not endpoints:
+                raise ValueError("prefix-epp-precise needs replicas that publish KV events")
+            extra: tuple[str, ...] = ("--prefix-scorer", "precise")
+        else:
+            extra = ("--kv-events",) if endpoints else ()
+        return prefix_epp_router(tmp, backends, (*extra, *picker_args), name, endpoints)
     if name == "sglang-router":
         return sglang_router(tmp, backends)
     raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")

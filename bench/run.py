@@ -21,6 +21,8 @@ summary also carries `cpu_busy` (the machine's CPU use during the run) and `star
     python -m bench.run --workloads hot-prefix --routers prefix-epp least-request
     python -m bench.run --workloads hot-prefix --routers prefix-epp \\
         --picker-variant "--spill-absolute 2"  # also run prefix-epp with other flags
+    python -m bench.run --workloads cache-pressure shared-prefix --routers prefix-epp prefix-epp-precise \\
+        --name bench-precise                   # precise vs approximate (KV events, closed-loop accuracy)
 """
 
 from __future__ import annotations
@@ -34,19 +36,20 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bench import client, plots
 from bench.metrics import Target, evaluate_targets, summarize
 from bench.oracle import OracleResult, workload_oracle
-from bench.routers import ROUTERS, SimSettings, dead, sim_replicas, start
+from bench.routers import KV_EVENT_ROUTERS, ROUTERS, SimSettings, dead, sim_replicas, start
 from bench.workloads import WORKLOADS, Workload, build, kv_cache_blocks
 
 DEFAULT_REPLICAS = 4
 ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_policy ROUND_ROBIN",
                 "least-request": "Envoy, lb_policy LEAST_REQUEST", "prefix-epp": "Envoy + the picker",
+                "prefix-epp-precise": "Envoy + the picker, --prefix-scorer precise",
                 "sglang-router": "sglang-router cache_aware"}
 
 
@@ -68,8 +71,10 @@ class Outcome:
     run: client.RunResult
 
 
-def sim_settings(oracle: OracleResult, replicas: int, time_scale: float) -> SimSettings:
-    blocks = kv_cache_blocks(oracle.working_set_blocks, oracle.largest_request_blocks, replicas)
+def sim_settings(oracle: OracleResult, replicas: int, time_scale: float,
+                 workload: Workload | None = None) -> SimSettings:
+    sizing = (workload.pool_factor, workload.running_headroom) if workload else ()
+    blocks = kv_cache_blocks(oracle.working_set_blocks, oracle.largest_request_blocks, replicas, *sizing)
     return SimSettings(replicas=replicas, kv_cache_blocks=blocks, time_scale=time_scale)
 
 
@@ -96,10 +101,11 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     """
     say = log or (lambda line: None)
     tmp.mkdir(parents=True, exist_ok=True)
+    sim = replace(sim, kv_events=router.name in KV_EVENT_ROUTERS)  # only the picker can use KV events
     say(f"[{router.label}] starting {sim.replicas} simulated replicas ({sim.kv_cache_blocks} KV blocks each)")
     with sim_replicas(tmp, sim) as pool:
         say(f"[{router.label}] starting the router ({ROUTER_PARTS.get(router.name, router.name)})")
-        with start(router.name, tmp, pool.addresses, router.picker_args) as handle:
+        with start(router.name, tmp, pool.addresses, router.picker_args, pool.kv_events) as handle:
             asyncio.run(client.probe(handle.url))
             say(f"[{router.label}] sending {workload.requests} requests over ~{workload.duration_s:.0f} s")
             busy0, total0 = _cpu_busy()
@@ -157,6 +163,21 @@ def results_table(summaries: dict[str, dict[str, dict[str, Any]]], oracle: dict[
     return "\n".join(lines)
 
 
+def accuracy_table(summaries: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Per prefix-epp router: hit rate, TTFT p90/p99 and both scorers' closed-loop prediction accuracy."""
+    lines = ["| workload | router | hit rate | TTFT p90 | p99 | scorer | predictions | within one block "
+             "| MAE (tokens) |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for workload, rows in summaries.items():
+        for router, r in rows.items():
+            for scorer, acc in r.get("prediction", {}).items():
+                t = r["ttft_ms"]
+                lines.append(f"| {workload} | {router} | {r['hit_rate']:.1%} | {fmt(t['p90'])} | {fmt(t['p99'])} "
+                             f"| {scorer} | {acc['predictions']} | {fmt(acc['within_one_block'] * 100, 1)}% "
+                             f"| {fmt(acc['mae_tokens'])} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def _num(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 10 else f"{value:.3g}"
 
@@ -186,6 +207,10 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     md = [f"Replicas: {config['replicas']} simulated vLLM replicas (time scale {config['time_scale']}); "
           "times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage.", "",
           results_table(summaries, rates), "", "Targets:", "", targets_table(targets), ""]
+    accuracy = accuracy_table(summaries)
+    if accuracy:
+        md += ["Closed-loop prediction of cached tokens (picker /metrics at the end of each run; the router "
+               "routes with its own scorer, the other one's prediction is recorded alongside):", "", accuracy, ""]
     (out_dir / f"{name}.md").write_text("\n".join(md))
     if summaries:
         plots.write_all(summaries, rates, ttfts, out_dir, name)
@@ -200,7 +225,7 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     oracle: dict[str, OracleResult] = {}
     config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
                               "workloads": {}}
-    candidates = [r.label for r in routers if r.name == "prefix-epp"]
+    candidates = [r.label for r in routers if r.name in KV_EVENT_ROUTERS]
     raw_dir = out_dir / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
     total, done, began = len(workloads) * len(routers), 0, time.monotonic()
@@ -209,7 +234,7 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
         for wname in workloads:
             workload = build(wname, quick=quick, load=load)
             oracle[wname] = workload_oracle(workload)
-            sim = sim_settings(oracle[wname], replicas, time_scale)
+            sim = sim_settings(oracle[wname], replicas, time_scale, workload)
             config["workloads"][wname] = {"params": dict(workload.params), "requests": workload.requests,
                                           "kv_cache_blocks_per_replica": sim.kv_cache_blocks}
             log(f"{wname}: {workload.requests} requests over ~{workload.duration_s:.0f} s, oracle hit rate "

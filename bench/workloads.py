@@ -26,6 +26,9 @@ streams with usage):
 - `hot-prefix` (/v1/completions): like `shared-prefix`, but a `hot_share` (0.5) of the requests
   use ONE system prompt (each with its own question); the rest are `groups` x `per_group`
   shared-prefix requests. The two kinds are shuffled together.
+- `cache-pressure` (/v1/completions): `shared-prefix` traffic on small KV caches: the prefix
+  working set is 1.15x the POOL's whole KV cache (no running headroom on top), so replicas evict
+  and the approximate index, which only sees routing decisions, goes stale (precise vs approximate).
 - `no-reuse` (/v1/completions): unrelated prompts of `system_tokens + question_tokens` tokens,
   each starting with its own header, so no two requests share a block.
 
@@ -57,6 +60,7 @@ PATHS: Mapping[Api, str] = {"completion": "/v1/completions", "chat": "/v1/chat/c
 POOL_FACTOR = 2.0  # the pool holds the working set this many times over...
 MAX_REPLICA_SHARE = 0.75  # ...but one replica never more than this share of it
 RUNNING_HEADROOM = 8  # room for this many of the largest requests running, on top
+PRESSURE_POOL_FACTOR = 1 / 1.15  # cache-pressure: working set = 1.15x the pool's KV cache, no headroom
 
 # Short, common words: each is one token with its leading space (at most 10 letters).
 _WORD_TEXT = """
@@ -102,6 +106,8 @@ class Workload:
     name: str
     sessions: tuple[Session, ...]
     params: Mapping[str, Any] = field(default_factory=dict)
+    pool_factor: float = POOL_FACTOR  # KV-cache sizing, see kv_cache_blocks
+    running_headroom: int = RUNNING_HEADROOM
 
     @property
     def requests(self) -> int:
@@ -236,7 +242,14 @@ def multi_turn(p: MultiTurnParams = MultiTurnParams()) -> Workload:
     return Workload("multi-turn", tuple(sessions), vars(p))
 
 
-WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "no-reuse")
+def cache_pressure(p: SharedPrefixParams = SharedPrefixParams()) -> Workload:
+    """shared-prefix traffic (own seed); the pool's whole KV cache is 1/1.15 of its prefix working set."""
+    w = shared_prefix(p, name="cache-pressure")
+    return replace(w, pool_factor=PRESSURE_POOL_FACTOR, running_headroom=0,
+                   params={**w.params, "pool_factor": round(PRESSURE_POOL_FACTOR, 4), "running_headroom": 0})
+
+
+WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "no-reuse", "cache-pressure")
 
 
 def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> Workload:
@@ -253,19 +266,24 @@ def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> W
     if name == "multi-turn":
         mt = MultiTurnParams(conversations=40 if quick else 112, seed=seed)
         return multi_turn(replace(mt, rate=mt.rate * load))
+    if name == "cache-pressure":
+        cp = SharedPrefixParams(groups=30 if quick else 90, seed=seed)
+        return cache_pressure(replace(cp, rate=cp.rate * load))
     if name == "no-reuse":
         nr = NoReuseParams(requests=90 if quick else 270, seed=seed)
         return no_reuse(replace(nr, rate=nr.rate * load))
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
-def kv_cache_blocks(working_set_blocks: int, largest_request_blocks: int, replicas: int) -> int:
+def kv_cache_blocks(working_set_blocks: int, largest_request_blocks: int, replicas: int,
+                    pool_factor: float = POOL_FACTOR, running_headroom: int = RUNNING_HEADROOM) -> int:
     """Per-replica KV-cache size: the pool holds the prefix working set, one replica does not.
 
-    POOL_FACTOR (2) x the working set spread over the replicas, but at most MAX_REPLICA_SHARE
+    `pool_factor` (POOL_FACTOR, 2; cache-pressure 1/1.15, and no headroom: the pool is smaller than
+    the working set) x the working set spread over the replicas, but at most MAX_REPLICA_SHARE
     (0.75) of it per replica, plus room for RUNNING_HEADROOM (8) of the largest requests (a
     running request reserves its prompt and output blocks; without the headroom the cached
     prefixes could not stay while requests run).
     """
-    share = min(POOL_FACTOR / replicas, MAX_REPLICA_SHARE)
-    return math.ceil(share * working_set_blocks) + RUNNING_HEADROOM * largest_request_blocks
+    share = min(pool_factor / replicas, MAX_REPLICA_SHARE)
+    return math.ceil(share * working_set_blocks) + running_headroom * largest_request_blocks

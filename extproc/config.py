@@ -17,7 +17,11 @@ class PrefixConfig:
 
     block_size_bytes: int = 64  # 16 tokens x ~4 bytes per token, as the Go EPP
     bytes_per_token: int = 4  # blockSizeTokens -> bytes, and auto-tune (see extproc/metrics/scrape.py)
-    max_prefix_blocks: int = 256  # Go EPP maxPrefixBlocksToMatch
+    # maxPrefixBlocksToMatch: 2048 x 64 bytes = 128 KB (~32k tokens), llm-d's current default. The Go
+    # EPP v1.5's 256 (16 KB, ~4k tokens) cannot tell apart prompts that differ after their first 16 KB,
+    # e.g. chats sharing a long system prompt, and under-predicts cached tokens of longer prompts.
+    # Cost: decision p50 0.89 ms for a 512 KB prompt (0.29 ms at 256), unchanged for 8 KB.
+    max_prefix_blocks: int = 2048
     lru_capacity_per_server: int = 31250  # Go EPP lruCapacityPerServer (~500k tokens of KV)
     auto_tune: bool = True  # size from vllm:cache_config_info when scraped
 

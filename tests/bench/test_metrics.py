@@ -14,6 +14,7 @@ from bench.metrics import (
     hit_rate,
     parse_histogram,
     percentile,
+    prediction_accuracy,
     prefill_work_s,
     replica_load,
     summarize,
@@ -136,3 +137,44 @@ def test_targets_met_and_missed() -> None:
     assert not hot.met and hot.bound == 2.0 and hot.miss == "25%"
     assert targets[("no-reuse", "TTFT p99 <= 1.1x least-request")].met  # 1050 <= 1100
     assert evaluate_targets(summaries, {}, candidate="nobody") == []
+
+
+PICKER_CLOSED_LOOP = (
+    b'# TYPE prefix_epp_cached_tokens_predictions_total counter\n'
+    b'prefix_epp_cached_tokens_predictions_total{scorer="approximate"} 200.0\n'
+    b'prefix_epp_cached_tokens_predictions_total{scorer="precise"} 200.0\n'
+    b'prefix_epp_cached_tokens_predicted_within_one_block_total{scorer="approximate"} 120.0\n'
+    b'prefix_epp_cached_tokens_predicted_within_one_block_total{scorer="precise"} 194.0\n'
+    b'prefix_epp_cached_tokens_prediction_error_tokens_bucket{le="16.0",scorer="precise"} 194.0\n'
+    b'prefix_epp_cached_tokens_prediction_error_tokens_bucket{le="+Inf",scorer="precise"} 200.0\n'
+    b'prefix_epp_cached_tokens_prediction_error_tokens_count{scorer="approximate"} 200.0\n'
+    b'prefix_epp_cached_tokens_prediction_error_tokens_sum{scorer="approximate"} 240000.0\n'
+    b'prefix_epp_cached_tokens_prediction_error_tokens_count{scorer="precise"} 200.0\n'
+    b'prefix_epp_cached_tokens_prediction_error_tokens_sum{scorer="precise"} 3200.0\n'
+)
+
+
+def test_prediction_accuracy_from_the_picker_counters() -> None:
+    acc = prediction_accuracy(PICKER_CLOSED_LOOP)
+    assert acc == {"approximate": {"predictions": 200, "within_one_block": 0.6, "mae_tokens": 1200.0},
+                   "precise": {"predictions": 200, "within_one_block": 0.97, "mae_tokens": 16.0}}
+    # within-one-block counter not exported yet (no prediction within a block so far): 0, not missing
+    only_total = b'prefix_epp_cached_tokens_predictions_total{scorer="precise"} 3.0\n'
+    assert prediction_accuracy(only_total)["precise"]["within_one_block"] == 0.0
+    assert math.isnan(prediction_accuracy(only_total)["precise"]["mae_tokens"])
+    assert prediction_accuracy(b"") == {}
+    row = summarize([req()], 1.0, ["a"], picker_metrics=PICKER_CLOSED_LOOP)
+    assert row["prediction"]["precise"]["within_one_block"] == 0.97
+    assert "prediction" not in summarize([req()], 1.0, ["a"], picker_metrics=b"")
+
+
+def test_precise_targets_compare_with_the_approximate_router() -> None:
+    summaries: dict[str, dict[str, dict[str, Any]]] = {"cache-pressure": {
+        "prefix-epp": {"ttft_ms": {"p90": 1000.0}},
+        "prefix-epp-precise": {"ttft_ms": {"p90": 600.0},
+                               "prediction": {"precise": {"within_one_block": 0.97}}}}}
+    targets = {t.goal: t for t in evaluate_targets(summaries, {}, candidate="prefix-epp-precise")}
+    p90 = targets["TTFT p90 <= 1/2 of prefix-epp"]
+    assert not p90.met and p90.bound == 500.0 and p90.miss == "20%"
+    assert targets["precise within one block >= 95%"].met
+    assert len(targets) == 2  # shared-prefix was not run

@@ -18,6 +18,7 @@ from bench.workloads import (
     SharedPrefixParams,
     body,
     build,
+    cache_pressure,
     hot_prefix,
     kv_cache_blocks,
     multi_turn,
@@ -141,6 +142,16 @@ def test_kv_cache_fits_the_working_set_in_the_pool_but_not_in_one_replica() -> N
         assert per_replica < working_set
         assert per_replica * replicas >= working_set + replicas * 8 * largest
     assert kv_cache_blocks(0, largest, 4) == 8 * largest  # no reuse: room for running requests only
+
+
+def test_cache_pressure_pool_is_smaller_than_the_prefix_working_set() -> None:
+    w = cache_pressure(SMALL)
+    assert w.name == "cache-pressure" and w.requests == 30 and w.running_headroom == 0
+    assert prompts(w.sessions) != prompts(shared_prefix(SMALL).sessions)  # its own seed
+    working_set, largest = 33750, 454
+    per_replica = kv_cache_blocks(working_set, largest, 4, w.pool_factor, w.running_headroom)
+    assert working_set / (4 * per_replica) == pytest.approx(1.15, abs=0.01)  # whole pool, no headroom
+    assert kv_cache_blocks(working_set, largest, 4) * 4 >= 2 * working_set  # the other workloads: 2x
 
 
 def test_unknown_workload_is_rejected() -> None:
