@@ -21,8 +21,7 @@ def endpoint_load(ep: Endpoint) -> float:
     m = ep.metrics
     if m is None or not m.ok:
         return float(ep.inflight)
-    since_scrape = ep.inflight - ep.inflight_at_scrape
-    return max(float(ep.inflight), m.waiting + m.running + max(since_scrape, 0))
+    return max(float(ep.inflight), m.waiting + m.running + routed_since_scrape(ep))
 
 
 def usable_metrics(ep: Endpoint, now: float, staleness_s: float) -> ModelServerMetrics | None:
@@ -33,6 +32,11 @@ def usable_metrics(ep: Endpoint, now: float, staleness_s: float) -> ModelServerM
     return m
 
 
+def routed_since_scrape(ep: Endpoint) -> int:
+    """Requests routed to `ep` since its last successful scrape (not yet in the scraped queue)."""
+    return max(ep.inflight - ep.inflight_at_scrape, 0)
+
+
 def queue_depth(ep: Endpoint, m: ModelServerMetrics) -> float:
     """Scraped waiting queue plus the requests routed to `ep` since that scrape."""
-    return m.waiting + max(ep.inflight - ep.inflight_at_scrape, 0)
+    return m.waiting + routed_since_scrape(ep)

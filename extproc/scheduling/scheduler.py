@@ -82,12 +82,13 @@ class Scheduler:
             endpoints = f.filter(request, endpoints)
             if not endpoints:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, f"no endpoint left after filter {f.name}")
+        keys = [ep.key for ep in endpoints]
         if self.index is not None and request.block_hashes:
-            request.prefix_match = self.index.match(request.block_hashes, [ep.key for ep in endpoints])
-        precise = self.precise if request.token_keys else None
-        if precise is not None and request.token_keys:
-            request.precise_match, request.precise_usable = precise.match(
-                request.token_keys, [ep.key for ep in endpoints])
+            request.prefix_match = self.index.match(request.block_hashes, keys)
+        token_keys = request.token_keys or []
+        precise = self.precise if token_keys else None
+        if precise is not None:
+            request.precise_match, request.precise_usable = precise.match(token_keys, keys)
         n = len(endpoints)
         totals = [0.0] * n
         per_scorer: list[list[float]] = []
@@ -103,8 +104,8 @@ class Scheduler:
         ci = endpoints.index(chosen)
         if self.index is not None and request.block_hashes:
             self.index.record(chosen.key, request.block_hashes)
-        if precise is not None and request.token_keys:
-            precise.record(chosen.key, request.token_keys)
+        if precise is not None:
+            precise.record(chosen.key, token_keys)
         return Decision(
             endpoints=picked,
             matched_blocks=request.prefix_match.get(chosen.key, 0),
@@ -112,6 +113,6 @@ class Scheduler:
             scores=[(ws.scorer.name, per_scorer[k][ci]) for k, ws in enumerate(self.scorers)],
             total=totals[ci],
             precise_matched=request.precise_match.get(chosen.key, 0) if precise is not None else None,
-            precise_total=len(request.token_keys or ()),
+            precise_total=len(token_keys),
             precise_usable=chosen.key in request.precise_usable,
         )
