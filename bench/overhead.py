@@ -9,12 +9,12 @@ Measured on this machine (2 cores shared by the client, Envoy, the picker and th
 2. Through real Envoy configured by `prefix-epp envoy-config`, with trivial backends that answer
    1, 50 or 500 streamed tokens back to back (so the picker, not a model, is what is measured):
    Envoy alone (round robin, no ext_proc) against Envoy + picker in three wirings:
-   - `default`: buffered request body, response headers and trailers, no response body (but the
+   - `default`: buffered request body, response trailers, no response headers or body (but the
      sampled share, `--usage-sample-rate` at its default, asked for by mode_override);
    - `default, all sampled`: the same with `--usage-sample-rate 1`: every response body comes to
      the picker (STREAMED), which prices one sampled request, hence the default sample rate;
    - `duplex-request`: full-duplex request body (streamed back by the picker), response headers
-     and trailers;
+     and trailers, no response body;
    - `full-duplex` (the previous default, the Inference Extension's reference config): full-duplex
      request body, and every response chunk makes a round trip through the picker.
    For each: requests/s, latency p50/p99 and the picker's CPU per request (utime + stime of the
@@ -36,6 +36,7 @@ import string
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,9 @@ from tests.support.envoy import envoy_binary
 from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running
 
 WIRINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {  # name -> (request body, responses, picker flags)
-    "default": ("BUFFERED", "headers-trailers", ()),
-    "default, all sampled": ("BUFFERED", "headers-trailers", ("--usage-sample-rate", "1")),
-    "duplex-request": ("FULL_DUPLEX_STREAMED", "headers-trailers", ()),
+    "default": ("BUFFERED", "end", ()),
+    "default, all sampled": ("BUFFERED", "end", ("--usage-sample-rate", "1")),
+    "duplex-request": ("FULL_DUPLEX_STREAMED", "end", ()),
     "full-duplex": ("FULL_DUPLEX_STREAMED", "full-duplex", ()),
 }
 
@@ -157,19 +158,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: int,
-                      pid: int | None = None) -> dict[str, float]:
-    """`total` requests from `concurrency` workers after a warm-up; figures over the 200 answers only.
+@dataclass
+class Tally:
+    """What one setup did over the rounds of a measurement."""
 
-    With `pid`, also the CPU seconds that process spent during the timed part (`cpu_s`).
+    latencies: list[float] = field(default_factory=list)
+    failed: int = 0
+    elapsed_s: float = 0.0
+    cpu_s: float = 0.0
+
+
+async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: int, tally: Tally,
+                      pid: int | None = None, warm_up: int = 0) -> None:
+    """`total` requests from `concurrency` workers into `tally`; only 200 answers count as latencies.
+
+    With `pid`, the CPU seconds that process spent during the timed part are added too.
     """
-    latencies: list[float] = []
-    failures = 0
     issued = 0
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as session:
         async def worker() -> None:
-            nonlocal issued, failures
+            nonlocal issued
             while issued < total:
                 i = issued
                 issued += 1
@@ -182,20 +191,18 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: in
                 except aiohttp.ClientError:
                     ok = False
                 if ok:
-                    latencies.append(time.perf_counter() - start)
+                    tally.latencies.append(time.perf_counter() - start)
                 else:
-                    failures += 1
+                    tally.failed += 1
 
-        for _ in range(min(20, total // 5)):  # warm-up: connections, the picker's index
+        for _ in range(warm_up):  # connections, the picker's index
             async with session.post(url, data=bodies[0], headers={"content-type": "application/json"}) as r:
                 await r.read()
         cpu_before = cpu_seconds(pid) if pid else 0.0
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
-        cpu = cpu_seconds(pid) - cpu_before if pid else 0.0
-    return {"rps": len(latencies) / elapsed, "p50_ms": percentile(latencies, 50) * 1e3,
-            "p99_ms": percentile(latencies, 99) * 1e3, "ok": len(latencies), "failed": failures, "cpu_s": cpu}
+        tally.elapsed_s += time.perf_counter() - start
+        tally.cpu_s += cpu_seconds(pid) - cpu_before if pid else 0.0
 
 
 def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, tuple[str, Proc | None]]:
@@ -228,18 +235,26 @@ def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, 
 
 
 def measure(setups: dict[str, tuple[str, Proc | None]], size: int, tokens: int, conc: int,
-            total: int) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+            total: int, rounds: int = 5) -> list[dict[str, Any]]:
+    """The setups take turns, `rounds` times, so a change in the machine's load hits all alike."""
     bodies = [prompt_body(size, i, shared=size // 2, tokens=tokens) for i in range(32)]
-    for name, (url, picker) in setups.items():
-        res = asyncio.run(closed_loop(url, bodies, conc, total, picker.pid if picker else None))
-        cpu = res.pop("cpu_s")
-        row = {"setup": name, "prompt_bytes": size, "tokens": tokens, "concurrency": conc, **res,
-               "picker_cpu_ms_per_request": cpu * 1e3 / max(1, res["ok"]) if picker else None}
+    tallies = {name: Tally() for name in setups}
+    for r in range(rounds):
+        for name, (url, picker) in setups.items():
+            asyncio.run(closed_loop(url, bodies, conc, max(1, total // rounds), tallies[name],
+                                    picker.pid if picker else None, warm_up=10 if r == 0 else 0))
+    rows: list[dict[str, Any]] = []
+    for name, (_, picker) in setups.items():
+        t = tallies[name]
+        ok = len(t.latencies)
+        row = {"setup": name, "prompt_bytes": size, "tokens": tokens, "concurrency": conc,
+               "rps": ok / t.elapsed_s, "p50_ms": percentile(t.latencies, 50) * 1e3,
+               "p99_ms": percentile(t.latencies, 99) * 1e3, "ok": ok, "failed": t.failed,
+               "picker_cpu_ms_per_request": t.cpu_s * 1e3 / max(1, ok) if picker else None}
         rows.append(row)
         cpu_text = f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req" if picker else ""
-        print(f"  {name:21s} {size // 1024:4d} KB {tokens:4d} tok c={conc:3d}  {res['rps']:7.0f} rps  "
-              f"p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  failed {res['failed']}{cpu_text}",
+        print(f"  {name:21s} {size // 1024:4d} KB {tokens:4d} tok c={conc:3d}  {row['rps']:7.0f} rps  "
+              f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  failed {t.failed}{cpu_text}",
               flush=True)
     return rows
 
