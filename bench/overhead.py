@@ -35,6 +35,7 @@ import statistics
 import string
 import tempfile
 import time
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,8 +66,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1) -> bytes:
-    """A completion request of about `size` prompt bytes; stream/max_tokens come first (see backends)."""
+def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1, interval_ms: float = 0.0) -> bytes:
+    """A completion request of about `size` prompt bytes; stream, max_tokens and the trivial backend's
+    pause between tokens come first (tests/support/echo_backends.py reads the first 256 bytes)."""
     rng = random.Random(seed)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
     text = ("shared system prompt " * (shared // 21 + 1))[:shared]
@@ -76,7 +78,9 @@ def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1) -> bytes
         word = rng.choice(words) + " "
         parts.append(word)
         n += len(word)
-    head = {"stream": True, "max_tokens": tokens} if tokens > 1 else {"max_tokens": 1}
+    head: dict[str, object] = {"stream": True, "max_tokens": tokens} if tokens > 1 else {"max_tokens": 1}
+    if interval_ms and tokens > 1:
+        head["interval_ms"] = interval_ms
     return orjson.dumps({**head, "model": "bench-model", "prompt": "".join(parts)[:size]})
 
 
@@ -205,12 +209,66 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: in
         tally.cpu_s += cpu_seconds(pid) - cpu_before if pid else 0.0
 
 
-def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, tuple[str, Proc | None]]:
-    """Envoy alone plus one Envoy and one picker per wiring; name -> (url, picker process)."""
-    setups: dict[str, tuple[str, Proc | None]] = {}
+async def open_loop(url: str, bodies: list[bytes], rate: float, total: int, tally: Tally,
+                    pid: int | None = None) -> None:
+    """`total` requests sent at a fixed `rate` per second whatever the answers' length (open loop).
+
+    At equal request rates the picker's CPU per request compares like with like: in a closed loop
+    longer answers lower the request rate, and an event loop spends more per request when fewer
+    requests share each wake-up.
+    """
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        async def one(body: bytes) -> None:
+            start = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+                    await resp.read()
+                    ok = resp.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            if ok:
+                tally.latencies.append(time.perf_counter() - start)
+            else:
+                tally.failed += 1
+
+        loop = asyncio.get_running_loop()
+        cpu_before = cpu_seconds(pid) if pid else 0.0
+        start = loop.time()
+        tasks = []
+        for i in range(total):
+            delay = start + i / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(bodies[i % len(bodies)])))
+        await asyncio.gather(*tasks)
+        tally.elapsed_s += loop.time() - start
+        tally.cpu_s += cpu_seconds(pid) - cpu_before if pid else 0.0
+
+
+@dataclass
+class Setup:
+    url: str
+    picker: Proc | None = None
+    metrics_port: int = 0
+
+
+def response_body_messages(port: int) -> float:
+    """The picker's count of response_body messages from Envoy (its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('prefix_epp_extproc_messages_total{kind="response_body"}'):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, Setup]:
+    """Envoy alone plus one Envoy and one picker per wiring, by name."""
+    setups: dict[str, Setup] = {}
     for name in ("envoy-only", *WIRINGS):
         listen, admin = free_ports(2)
         picker: Proc | None = None
+        metrics = 0
         if name == "envoy-only":
             cfg = plain_envoy_config(listen, admin, backends)
         else:
@@ -230,30 +288,47 @@ def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, 
         stack.enter_context(running(
             [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "error",
              "--base-id", str(listen)], tmp / f"envoy-{path.stem}.log", wait_port=listen))
-        setups[name] = (f"http://127.0.0.1:{listen}/v1/completions", picker)
+        setups[name] = Setup(f"http://127.0.0.1:{listen}/v1/completions", picker, metrics if picker else 0)
     return setups
 
 
-def measure(setups: dict[str, tuple[str, Proc | None]], size: int, tokens: int, conc: int,
-            total: int, rounds: int = 5) -> list[dict[str, Any]]:
-    """The setups take turns, `rounds` times, so a change in the machine's load hits all alike."""
-    bodies = [prompt_body(size, i, shared=size // 2, tokens=tokens) for i in range(32)]
+def measure(setups: dict[str, Setup], size: int, tokens: int, conc: int,
+            total: int, rounds: int = 5, rate: float = 0.0, interval_ms: float = 0.0) -> list[dict[str, Any]]:
+    """The setups take turns, `rounds` times, so a change in the machine's load hits all alike.
+
+    `conc` workers in a closed loop, or, with `rate`, an open loop at that many requests/s; with
+    `interval_ms`, streamed tokens come that far apart, one SSE event each, as a model server sends them.
+    """
+    bodies = [prompt_body(size, i, shared=size // 2, tokens=tokens, interval_ms=interval_ms) for i in range(32)]
     tallies = {name: Tally() for name in setups}
+    body_messages = {name: 0.0 for name in setups}
     for r in range(rounds):
-        for name, (url, picker) in setups.items():
-            asyncio.run(closed_loop(url, bodies, conc, max(1, total // rounds), tallies[name],
-                                    picker.pid if picker else None, warm_up=10 if r == 0 else 0))
+        for name, setup in setups.items():
+            pid = setup.picker.pid if setup.picker else None
+            before = response_body_messages(setup.metrics_port) if setup.metrics_port else 0.0
+            if rate:
+                asyncio.run(open_loop(setup.url, bodies, rate, max(1, total // rounds), tallies[name], pid))
+            else:
+                asyncio.run(closed_loop(setup.url, bodies, conc, max(1, total // rounds), tallies[name], pid,
+                                        warm_up=10 if r == 0 else 0))
+            if setup.metrics_port:
+                body_messages[name] += response_body_messages(setup.metrics_port) - before
     rows: list[dict[str, Any]] = []
-    for name, (_, picker) in setups.items():
+    for name, setup in setups.items():
+        picker = setup.picker
         t = tallies[name]
         ok = len(t.latencies)
-        row = {"setup": name, "prompt_bytes": size, "tokens": tokens, "concurrency": conc,
+        row = {"setup": name, "prompt_bytes": size, "tokens": tokens, "concurrency": conc, "rate": rate,
+               "token_interval_ms": interval_ms,
                "rps": ok / t.elapsed_s, "p50_ms": percentile(t.latencies, 50) * 1e3,
                "p99_ms": percentile(t.latencies, 99) * 1e3, "ok": ok, "failed": t.failed,
-               "picker_cpu_ms_per_request": t.cpu_s * 1e3 / max(1, ok) if picker else None}
+               "picker_cpu_ms_per_request": t.cpu_s * 1e3 / max(1, ok) if picker else None,
+               "response_body_messages_per_request": body_messages[name] / max(1, ok + t.failed) if picker else None}
         rows.append(row)
-        cpu_text = f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req" if picker else ""
-        print(f"  {name:21s} {size // 1024:4d} KB {tokens:4d} tok c={conc:3d}  {row['rps']:7.0f} rps  "
+        cpu_text = (f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req, "
+                    f"{row['response_body_messages_per_request']:.1f} body msgs/req") if picker else ""
+        load = f"{rate:4.0f}/s" if rate else f"c={conc:3d}"
+        print(f"  {name:21s} {size // 1024:4d} KB {tokens:4d} tok {load}  {row['rps']:7.0f} rps  "
               f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  failed {t.failed}{cpu_text}",
               flush=True)
     return rows
@@ -272,8 +347,8 @@ def through_envoy(tmp: Path, quick: bool) -> list[dict[str, Any]]:
             for tokens in (1, 50, 500):
                 count = n if size <= 16384 else n // 4
                 rows += measure(setups, size, tokens, 1, count // (2 if tokens == 500 else 1))
-        for tokens in (1, 50, 500):  # per-token cost where requests overlap, as in production
-            rows += measure(setups, 8 * 1024, tokens, 8, n * 2 // (2 if tokens == 500 else 1))
+        for tokens in (1, 50, 500):  # per-token cost at one request rate, tokens paced like a model's
+            rows += measure(setups, 8 * 1024, tokens, 0, n // 5, rate=10.0, interval_ms=4.0)
         rows += measure(setups, 8 * 1024, 1, 32, n * 3)  # throughput of one picker process
     return rows
 
@@ -287,12 +362,15 @@ def table(decisions: dict[str, dict[str, float]], tokenize: dict[str, float], ro
               "|---|---:|---:|---:|",
               f"| builtin, off the event loop | {tokenize['cold_p50_ms']:.2f} | {tokenize['warm_p50_ms']:.2f} | "
               f"{tokenize['warm_p99_ms']:.2f} |"]
-    lines += ["", "| setup | prompt | tokens | concurrency | req/s | p50 (ms) | p99 (ms) | picker CPU (ms/req) "
-              "| failed |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| setup | prompt | tokens | load | req/s | p50 (ms) | p99 (ms) | picker CPU (ms/req) "
+              "| response-body messages/req | failed |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cpu = "-" if r["picker_cpu_ms_per_request"] is None else f"{r['picker_cpu_ms_per_request']:.2f}"
-        lines.append(f"| {r['setup']} | {r['prompt_bytes'] // 1024} KB | {r['tokens']} | {r['concurrency']} | "
-                     f"{r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cpu} | {r['failed']} |")
+        per = r["response_body_messages_per_request"]
+        msgs = "-" if per is None else f"{per:.1f}"
+        load = f"{r['rate']:.0f}/s, 1 token/{r['token_interval_ms']:g} ms" if r.get("rate") else f"c={r['concurrency']}"
+        lines.append(f"| {r['setup']} | {r['prompt_bytes'] // 1024} KB | {r['tokens']} | {load} | "
+                     f"{r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cpu} | {msgs} | {r['failed']} |")
     return "\n".join(lines)
 
 
