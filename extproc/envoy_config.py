@@ -17,8 +17,7 @@ holds a buffered body up to the listener's per-connection buffer limit, set to
   carries a `mode_override` asking for response headers when it explains decisions and for the
   response body of a sampled share of requests (`prefix-epp serve --usage-sample-rate`); with
   FULL_DUPLEX_STREAMED request bodies Envoy ignores `mode_override` and the closed loop sees no
-  responses. Skipping the response headers saves one of the three exchanges of a request (about
-  13 % of the picker's CPU per request, measured with 8 KB prompts).
+  responses. Skipping the response headers saves one of the exchanges of every request.
 - `full-duplex`: the Inference Extension's reference configuration: every response chunk makes a
   round trip through the picker (about 0.1 ms of picker CPU per streamed token).
 - `none`: no response processing; Envoy ends the ext_proc stream once the request is forwarded,
