@@ -100,6 +100,30 @@ class KVEventsConfig:
 
 
 @dataclass(frozen=True)
+class ProxyTrafficConfig:
+    """Envoy-side traffic defaults for the model route: `prefix-epp envoy-config` and the Helm
+    chart's BackendTrafficPolicy both use these (tests/deploy checks the chart against them)."""
+
+    # Circuit breaker of the model cluster. Envoy's default of 1,024 concurrent requests per
+    # cluster answers 503 (overflow) above that; one Envoy in front of a large vLLM pool holds
+    # thousands of long generations at once.
+    max_connections: int = 40000
+    max_pending_requests: int = 40000
+    max_parallel_requests: int = 40000
+    max_parallel_retries: int = 1024
+    # Retries walk the picker's fallback list (only when max_endpoints > 1, one retry per
+    # fallback). Only failures before the request reached a model server or before it answered
+    # with headers: a generation is never retried after its response started.
+    retry_on: tuple[str, ...] = ("connect-failure", "refused-stream", "reset-before-request",
+                                 "retriable-status-codes")
+    retriable_status_codes: tuple[int, ...] = (502, 503, 504)
+    retry_backoff_base_ms: int = 25
+    # Whole-request timeout: long generations (minutes of streamed tokens) must not be cut.
+    route_timeout_s: int = 3600
+    connect_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
 class EppConfig:
     grpc_port: int = 9002
     grpc_health_port: int = 9003

@@ -7,7 +7,8 @@ Message sequence, FULL_DUPLEX_STREAMED request body (the Inference Extension's m
     picker -> request_headers response  (destination header + envoy.lb metadata + clear_route_cache)
     picker -> request_body x M          (the body streamed back, chunks <= 62000 bytes, last one EoS)
     picker -> request_trailers response (only if Envoy sent request_trailers)
-    Envoy -> response_headers           picker -> response_headers (unchanged; + explanation header)
+    Envoy -> response_headers           picker -> response_headers (unchanged; + explanation header);
+                                        a served endpoint other than the first choice moves the accounting
     Envoy -> response_body x K          picker -> each chunk straight back (duplex) or an empty reply
     Envoy -> response_trailers          picker -> empty trailers response
 
@@ -85,7 +86,7 @@ class StreamProcessor:
                 elif kind == "request_trailers":
                     out = self.on_request_trailers()
                 elif kind == "response_headers":
-                    out = self.on_response_headers(msg.response_headers)
+                    out = self.on_response_headers(msg.response_headers, msg)
                 elif kind == "response_body":
                     out = self.on_response_body(msg.response_body)
                 elif kind == "response_trailers":
@@ -193,7 +194,13 @@ class StreamProcessor:
         return R.immediate_error(err)
 
     # -- response path -----------------------------------------------------------------------
-    def on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+    def on_response_headers(self, headers: pb.HttpHeaders,
+                            msg: pb.ProcessingRequest | None = None) -> list[pb.ProcessingResponse]:
+        decision, ep = self.decision, self._endpoint
+        if decision is not None and ep is not None and len(decision.endpoints) > 1:
+            served = _served_endpoint(msg, headers)
+            if served:  # a fallback may have served it: move the accounting there
+                self._endpoint = self._director.served_by(decision, ep, served)
         extra: tuple[tuple[str, str], ...] = ()
         if self._explain and self.decision is not None:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
@@ -229,6 +236,21 @@ class StreamProcessor:
         if ep is not None:
             self._endpoint = None
             self._director.complete(ep)
+
+
+def _served_endpoint(msg: pb.ProcessingRequest | None, headers: pb.HttpHeaders) -> str:
+    """x-gateway-destination-endpoint-served: the envoy.lb metadata the protocol defines, else
+    the response header of the same name (the proxy sets it; prefix-epp envoy-config does both)."""
+    if msg is not None:
+        fm = msg.metadata_context.filter_metadata
+        if R.LB_NAMESPACE in fm:
+            value = fm[R.LB_NAMESPACE].fields.get(R.SERVED_HEADER)
+            if value is not None and value.string_value:
+                return str(value.string_value)
+    for h in headers.headers.headers:
+        if h.key == R.SERVED_HEADER:
+            return h.raw_value.decode(errors="replace") if h.raw_value else str(h.value)
+    return ""
 
 
 def _subset_hint(msg: pb.ProcessingRequest) -> list[str] | None:
