@@ -75,6 +75,7 @@ class DiscoveryConfig:
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
     stop_timeout_s: float = 2.0  # bounded wait for the watch threads at shutdown
+    objective_recheck_interval_s: float = 60.0  # probe again for a missing InferenceObjective CRD
 
 
 @dataclass(frozen=True)
