@@ -3,6 +3,8 @@
 # simulator with `prefix-epp sim ...`.
 #
 #   docker build -t prefix-epp:dev .
+#   make image     # without Docker: podman, chroot isolation, a debootstrapped Python base
+#                  # (scripts/build-image.sh; `make test` builds and smoke-tests it)
 #   docker run --rm prefix-epp:dev serve --help
 #   docker run --rm -p 8000:8000 prefix-epp:dev sim --host 0.0.0.0 --port 8000 --model demo
 #

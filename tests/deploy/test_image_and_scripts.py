@@ -9,6 +9,7 @@ import argparse
 import fnmatch
 import json
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -167,3 +168,32 @@ def test_docs_name_existing_files_and_the_pinned_versions() -> None:
         missing = sorted(p for p in paths if not (REPO_ROOT / p.rstrip("/")).exists())
         assert not missing, f"{doc.name} names files that do not exist: {missing}"
         # The versions they install: tests/deploy/test_versions.py.
+
+
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-image.sh"
+
+
+def test_build_image_script_passes_shellcheck(shellcheck: Path) -> None:
+    proc = subprocess.run([str(shellcheck), "--shell=bash", "--severity=style", "-x", str(BUILD_SCRIPT)],
+                          capture_output=True, text=True, check=False, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert "\nimage:\n\tbash scripts/build-image.sh\n" in makefile
+    assert re.search(r"^test: .*\bimage\b", makefile, re.M), "make test builds the image first"
+    text = BUILD_SCRIPT.read_text()
+    assert "podman build --isolation chroot" in text and "-v /etc/ssl/certs:/etc/ssl/certs:ro" in text
+    assert "debootstrap --variant=minbase" in text and '"$ROOT/.cache/image"' in text
+
+
+def test_build_image_fails_loudly_without_tools_or_apt(tmp_path: Path) -> None:
+    """Without podman, debootstrap and apt-get the build stops with an error; it never passes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "sed", "sha256sum", "cut", "dirname", "printf", "mktemp"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False,
+                          env={"PATH": str(bin_dir)}, timeout=60)
+    assert proc.returncode != 0
+    assert "podman debootstrap missing and no apt-get" in proc.stderr, proc.stderr
