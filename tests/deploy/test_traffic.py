@@ -59,3 +59,10 @@ def test_retry_walks_the_fallbacks(render: Render) -> None:
 def test_route_timeout_allows_long_generations(render: Render) -> None:
     route = find(render("envoy-gateway"), "HTTPRoute")
     assert seconds(route["spec"]["rules"][0]["timeouts"]["request"]) == T.route_timeout_s >= 600
+
+
+def test_served_endpoint_header_only_with_fallbacks(render: Render) -> None:
+    rule = find(render("eg-fallbacks"), "HTTPRoute")["spec"]["rules"][0]
+    assert rule["filters"] == [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {
+        "set": [{"name": "x-gateway-destination-endpoint-served", "value": "%UPSTREAM_HOST%"}]}}]
+    assert "filters" not in find(render("envoy-gateway"), "HTTPRoute")["spec"]["rules"][0]
