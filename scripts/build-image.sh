@@ -71,6 +71,12 @@ fi
 
 # 3. the image
 log "podman build ${IMAGE}"
+previous="$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
 nice -n 10 podman build --isolation chroot --build-arg "PYTHON_IMAGE=${BASE_IMAGE}" \
   -v /etc/ssl/certs:/etc/ssl/certs:ro --tag "$IMAGE" "$ROOT" >&2
+# The build of older sources lost its tag: remove it rather than let rebuilds pile up.
+current="$(podman image inspect --format '{{.Id}}' "$IMAGE")"
+if [[ -n "$previous" && "$previous" != "$current" ]]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 echo "$IMAGE"
