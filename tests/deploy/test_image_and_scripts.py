@@ -46,8 +46,11 @@ def test_base_image_is_pinned_and_multi_stage() -> None:
     froms = [rest for word, rest in steps if word == "FROM"]
     assert len(froms) == 2 and all(f.startswith("${PYTHON_IMAGE}") for f in froms)
     runs = " ".join(rest for word, rest in steps if word == "RUN")
-    assert "pip wheel --no-cache-dir" in runs
-    assert "pip install --no-cache-dir --no-index" in runs
+    assert "python3 -m venv /opt/prefix-epp" in runs
+    assert "/opt/prefix-epp/bin/pip install --no-cache-dir ." in runs
+    # The final stage copies the environment (content-keyed), never a bind mount of the build stage.
+    assert ("COPY", "--from=build /opt/prefix-epp /opt/prefix-epp") in steps
+    assert "--mount" not in runs
 
 
 def test_runs_as_the_chart_user() -> None:

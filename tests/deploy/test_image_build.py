@@ -93,22 +93,32 @@ def test_image_config(image: dict[str, Any]) -> None:
     assert env["HOME"] == "/tmp" and env["PYTHONDONTWRITEBYTECODE"] == "1"
 
 
+def test_image_holds_the_current_sources(rootfs: Path) -> None:
+    """The installed package is this checkout's (a stale layer cache would hide changes)."""
+    [site] = list((rootfs / "opt" / "prefix-epp" / "lib").glob("python3*/site-packages"))
+    sources = sorted(p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "extproc").rglob("*.py")
+                     if "__pycache__" not in p.parts)
+    assert sources
+    differing = [str(rel) for rel in sources if (site / rel).read_bytes() != (REPO_ROOT / rel).read_bytes()]
+    assert not differing, f"the image holds other versions of {differing[:5]}: run `make image`"
+
+
 def test_no_compiler_and_no_pip_cache(rootfs: Path) -> None:
-    for directory in ("usr/bin", "usr/local/bin", "opt/venv/bin"):
+    for directory in ("usr/bin", "usr/local/bin", "opt/venv/bin", "opt/prefix-epp/bin"):
         present = [c for c in COMPILERS if (rootfs / directory / c).exists()]
         assert not present, f"/{directory} holds {present}"
     caches = [p for p in (rootfs / "root" / ".cache", rootfs / "tmp" / ".cache") if p.exists()]
     caches += [p for p in rootfs.glob("**/.cache/pip") if p.is_dir()]
     assert not caches, caches
     assert not list((rootfs / "tmp").iterdir()), "/tmp is not empty"
-    wheels = [p for p in (rootfs / "opt" / "venv").rglob("*.whl")] + list(rootfs.glob("wheels/*"))
+    wheels = list((rootfs / "opt").rglob("*.whl")) + list(rootfs.glob("wheels/*")) + list(rootfs.glob("src/*"))
     assert not wheels, wheels[:5]
 
 
 def test_root_is_read_only_and_not_writable_by_the_user(rootfs: Path, image: dict[str, Any]) -> None:
     probe = ("import os, sys\n"
              "print(os.getuid(), os.getgid())\n"
-             "for path in ('/x', '/opt/venv/x', '/etc/x'):\n"
+             "for path in ('/x', '/opt/prefix-epp/x', '/etc/x'):\n"
              "    try:\n"
              "        open(path, 'w')\n"
              "        sys.exit('wrote ' + path)\n"
