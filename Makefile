@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint typecheck unit demo bench protos clean
+.PHONY: all test lint typecheck unit image demo bench protos clean
 
 all: test
 
@@ -23,7 +23,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy extproc tests bench protos
 
-test: $(STAMP) lint typecheck
+# The container image, built for real (podman and debootstrap are installed with apt-get when
+# missing; the Python base is cached under .cache/image/): scripts/build-image.sh.
+# tests/deploy/test_image_build.py smoke-tests it.
+image:
+	bash scripts/build-image.sh
+
+test: $(STAMP) lint typecheck image
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 unit: $(STAMP)

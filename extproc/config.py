@@ -75,6 +75,7 @@ class DiscoveryConfig:
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
     stop_timeout_s: float = 2.0  # bounded wait for the watch threads at shutdown
+    objective_recheck_interval_s: float = 60.0  # probe again for a missing InferenceObjective CRD
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,30 @@ class KVEventsConfig:
     maintenance_interval_s: float = 0.5  # expire speculative entries, capacities, block size
     tokenizer: str = "builtin"  # builtin | remote | /path/to/tokenizer.json
     tokenize_timeout_s: float = 0.1  # remote: POST /tokenize on an endpoint
+
+
+@dataclass(frozen=True)
+class ProxyTrafficConfig:
+    """Envoy-side traffic defaults for the model route: `prefix-epp envoy-config` and the Helm
+    chart's BackendTrafficPolicy both use these (tests/deploy checks the chart against them)."""
+
+    # Circuit breaker of the model cluster. Envoy's default of 1,024 concurrent requests per
+    # cluster answers 503 (overflow) above that; one Envoy in front of a large vLLM pool holds
+    # thousands of long generations at once.
+    max_connections: int = 40000
+    max_pending_requests: int = 40000
+    max_parallel_requests: int = 40000
+    max_parallel_retries: int = 1024
+    # Retries walk the picker's fallback list (only when max_endpoints > 1, one retry per
+    # fallback). Only failures before the request reached a model server or before it answered
+    # with headers: a generation is never retried after its response started.
+    retry_on: tuple[str, ...] = ("connect-failure", "refused-stream", "reset-before-request",
+                                 "retriable-status-codes")
+    retriable_status_codes: tuple[int, ...] = (502, 503, 504)
+    retry_backoff_base_ms: int = 25
+    # Whole-request timeout: long generations (minutes of streamed tokens) must not be cut.
+    route_timeout_s: int = 3600
+    connect_timeout_s: float = 2.0
 
 
 @dataclass(frozen=True)

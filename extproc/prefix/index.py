@@ -145,6 +145,26 @@ class PrefixIndex:
         if len(lru) > capacity:
             self._evict(endpoint, slot, capacity)
 
+    def forget(self, endpoint: str, hashes: Sequence[int]) -> None:
+        """Drop these blocks from `endpoint` (a record that turned out wrong: another endpoint
+        served the request)."""
+        slot = self._slot.get(endpoint)
+        if slot is None or not hashes:
+            return
+        lru = self._lru[endpoint]
+        clear = ~(1 << slot)
+        holders = self._holders
+        before = len(lru)
+        for h in hashes:
+            if h in lru:
+                del lru[h]
+                mask = holders[h] & clear
+                if mask:
+                    holders[h] = mask
+                else:
+                    del holders[h]
+        self._entries -= before - len(lru)
+
     def _evict(self, endpoint: str, slot: int, capacity: int) -> None:
         lru = self._lru[endpoint]
         excess = len(lru) - capacity

@@ -18,7 +18,9 @@ trailers SEND, response headers SKIP, response body NONE) keeps the picker off t
 its cost per request does not depend on the length of the answer.
 
     picker -> request_headers response  (+ mode_override: what of this response to send)
-    [Envoy -> response_headers          picker -> + explanation header (--explain-decisions only)]
+    [Envoy -> response_headers          picker -> + explanation header (asked for with --explain-decisions,
+                                        or --max-endpoints > 1: a served endpoint other than the first
+                                        choice moves the accounting there)]
     [Envoy -> response_body x K         picker -> an empty reply each (STREAMED, sampled requests only)]
     Envoy -> response_trailers          picker -> empty trailers response (only if the upstream sent some)
     stream end                          (Envoy closes the stream when the response is complete)
@@ -26,8 +28,8 @@ its cost per request does not depend on the length of the answer.
 The per-request `mode_override` in the request_headers reply (BUFFERED requests, and bodiless
 ones routed there) sets response trailers SEND, so Envoy keeps the ext_proc stream open until the
 response is complete even where the gateway statically skips trailers (Envoy Gateway); response
-headers SEND only with --explain-decisions; the response body in STREAMED mode only for the
-requests the usage sampler picks (the closed loop, server/usage.py). Completion (in-flight
+headers SEND only with --explain-decisions or fallbacks (--max-endpoints > 1); the response body
+in STREAMED mode only for the requests the usage sampler picks (the closed loop, server/usage.py). Completion (in-flight
 release) is the response's end: a response body's end_of_stream, the response trailers, or else
 the end of the gRPC stream. Envoy ignores `mode_override` in any other reply and whenever its
 static request or response body mode is FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage);
@@ -108,7 +110,7 @@ class StreamProcessor:
                 elif kind == "request_trailers":
                     out = self.on_request_trailers()
                 elif kind == "response_headers":
-                    out = self.on_response_headers(msg.response_headers)
+                    out = self.on_response_headers(msg.response_headers, msg)
                 elif kind == "response_body":
                     out = self.on_response_body(msg.response_body)
                 elif kind == "response_trailers":
@@ -153,7 +155,9 @@ class StreamProcessor:
         if self._response_mode != _FULL_DUPLEX and not resp.HasField("immediate_response"):
             # Envoy honours mode_override only in a headers reply and without full-duplex bodies.
             self._sampled = self._director.usage_sampler.take()
-            R.override_response_mode(resp, self._request_mode, headers=self._explain, body=self._sampled)
+            # Response headers only when read: to explain, or to learn which of several endpoints served.
+            headers = self._explain or self._director.config.max_endpoints > 1
+            R.override_response_mode(resp, self._request_mode, headers=headers, body=self._sampled)
         return [resp]
 
     def on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
@@ -226,7 +230,13 @@ class StreamProcessor:
         return R.immediate_error(err)
 
     # -- response path -----------------------------------------------------------------------
-    def on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+    def on_response_headers(self, headers: pb.HttpHeaders,
+                            msg: pb.ProcessingRequest | None = None) -> list[pb.ProcessingResponse]:
+        decision, ep = self.decision, self._endpoint
+        if decision is not None and ep is not None and len(decision.endpoints) > 1:
+            served = _served_endpoint(msg, headers)
+            if served:  # a fallback may have served it: move the accounting there
+                self._endpoint = self._director.served_by(decision, ep, served)
         extra: tuple[tuple[str, str], ...] = ()
         if self._explain and self.decision is not None:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
@@ -267,6 +277,21 @@ class StreamProcessor:
         if ep is not None:
             self._endpoint = None
             self._director.complete(ep)
+
+
+def _served_endpoint(msg: pb.ProcessingRequest | None, headers: pb.HttpHeaders) -> str:
+    """x-gateway-destination-endpoint-served: the envoy.lb metadata the protocol defines, else
+    the response header of the same name (the proxy sets it; prefix-epp envoy-config does both)."""
+    if msg is not None:
+        fm = msg.metadata_context.filter_metadata
+        if R.LB_NAMESPACE in fm:
+            value = fm[R.LB_NAMESPACE].fields.get(R.SERVED_HEADER)
+            if value is not None and value.string_value:
+                return str(value.string_value)
+    for h in headers.headers.headers:
+        if h.key == R.SERVED_HEADER:
+            return h.raw_value.decode(errors="replace") if h.raw_value else str(h.value)
+    return ""
 
 
 def _subset_hint(msg: pb.ProcessingRequest) -> list[str] | None:

@@ -43,6 +43,8 @@ EXPECTED_KINDS: dict[str, set[str]] = {
     "eg-plaintext": BASE_KINDS | PLAIN_EG_KINDS,
     "eg-ai-gateway": BASE_KINDS | {"Gateway", "HTTPRoute", "EnvoyProxy"},
     "eg-nodeport": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
+    "eg-fallbacks": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
+    "eg-oldest-supported": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
 }
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from extproc.config import EppConfig
+from extproc.discovery.objectives import OBJECTIVE_GROUPS
 from extproc.scheduling.build import default_profile
 from extproc.scheduling.config_loader import load_text
 from extproc.serve import add_arguments, config_from_args
@@ -139,7 +140,7 @@ def test_rbac_is_least_privilege(render: Render) -> None:
     read = ("get", "list", "watch")
     expected = {("", "pods", v) for v in read}
     expected |= {("inference.networking.k8s.io", "inferencepools", v) for v in read}
-    expected |= {("inference.networking.x-k8s.io", "inferenceobjectives", v) for v in read}
+    expected |= {(g, "inferenceobjectives", v) for g in OBJECTIVE_GROUPS for v in read}
     assert granted == expected
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"]), "no resourceNames/URLs"
     assert not find_all(objs, "ClusterRole") and not find_all(objs, "ClusterRoleBinding")

@@ -169,11 +169,12 @@ async def test_stop_joins_the_watch_threads(api: KubeApi, tmp_path: Path) -> Non
     before = {t.name for t in threading.enumerate()}
     async with discovery(api, tmp_path) as (_, ds):
         await until(lambda: ds.synced)
-        assert {"watch-inferencepools", "watch-pods", "watch-inferenceobjectives"} <= {
-            t.name for t in threading.enumerate()}
+        await until(lambda: "watch-inferenceobjectives.inference.networking.x-k8s.io" in {
+            t.name for t in threading.enumerate()})
+        assert {"watch-inferencepools", "watch-pods"} <= {t.name for t in threading.enumerate()}
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 0.5
-    assert {t.name for t in threading.enumerate() if t.name.startswith("watch-")} <= before
+    assert {t.name for t in threading.enumerate() if t.name.startswith(("watch-", "probe-"))} <= before
 
 
 def test_namespace_falls_back_to_env_then_default(monkeypatch: pytest.MonkeyPatch) -> None:

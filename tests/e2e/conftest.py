@@ -96,10 +96,17 @@ def stack(tmp: Path, n_backends: int = 3, *picker_args: str, secure: bool = Fals
         try:
             with run_envoy(tmp, picker.grpc_port, epp_tls=secure, request_body_mode=request_body_mode,
                            response_processing=response_processing,
-                           endpoints=tuple(endpoints) if envoy_endpoints else ()) as (_, listen, admin):
+                           endpoints=tuple(endpoints) if envoy_endpoints else (),
+                           max_endpoints=_max_endpoints(picker_args)) as (_, listen, admin):
                 yield Stack(backends, picker, listen, admin)
         finally:
             picker.stop()
+
+
+def _max_endpoints(picker_args: tuple[str, ...]) -> int:
+    """The picker's --max-endpoints, so Envoy's retry policy walks as many endpoints."""
+    args = list(picker_args)
+    return int(args[args.index("--max-endpoints") + 1]) if "--max-endpoints" in args else 1
 
 
 @pytest.fixture(scope="module")

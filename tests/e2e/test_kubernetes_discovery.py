@@ -68,9 +68,15 @@ class Stack:
         return out
 
     def readiness(self) -> int:
+        """The readiness status; -1 when the check gets no answer in time (a loaded machine)."""
         with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as ch:
             req = health_pb2.HealthCheckRequest(service="readiness")
-            return int(health_pb2_grpc.HealthStub(ch).Check(req, timeout=1.0).status)
+            try:
+                return int(health_pb2_grpc.HealthStub(ch).Check(req, timeout=1.0).status)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                return -1
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

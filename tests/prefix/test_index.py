@@ -77,3 +77,14 @@ def test_memory_per_entry_is_bounded() -> None:
     assert ix.entries == 80_000
     assert per_entry <= BYTES_PER_ENTRY * 1.25, per_entry
     assert ix.approx_bytes() == ix.entries * BYTES_PER_ENTRY
+
+
+def test_forget_drops_only_that_endpoints_blocks() -> None:
+    index = PrefixIndex(default_capacity=100)
+    index.record("a", [1, 2, 3])
+    index.record("b", [1, 2])
+    index.forget("a", [2, 3, 99])
+    assert index.match([1, 2, 3], ["a", "b"]) == {"a": 1, "b": 2}
+    assert index.held_by("a") == 1 and index.entries == 3
+    index.forget("unknown", [1])  # no-op
+    assert index.held_by("b") == 2

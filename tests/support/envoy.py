@@ -28,12 +28,12 @@ def envoy_binary() -> str:
 @contextlib.contextmanager
 def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_mode: str = "BUFFERED",
               response_processing: str = "end", name: str = "envoy",
-              endpoints: tuple[str, ...] = ()) -> Iterator[tuple[Proc, int, int]]:
+              endpoints: tuple[str, ...] = (), max_endpoints: int = 1) -> Iterator[tuple[Proc, int, int]]:
     """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections."""
     listen, admin = free_port(), free_port()
     cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
                        request_body_mode=request_body_mode, response_processing=response_processing,
-                       endpoints=endpoints)
+                       endpoints=endpoints, max_endpoints=max_endpoints)
     path = tmp / f"{name}.yaml"
     path.write_text(render(cfg))
     args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning",
