@@ -56,6 +56,11 @@ async def start_servers(
     reuse_port: bool = False,
 ) -> list[grpc.aio.Server]:
     options = [*_OPTIONS[1:], ("grpc.so_reuseport", 1 if reuse_port else 0)]
+    if reuse_port:
+        # The kernel balances connections, not streams, and a proxy keeps few long connections:
+        # a GOAWAY every minute makes it reconnect, landing on a random worker; streams already
+        # open on the old connection finish there (no grace limit).
+        options += [("grpc.max_connection_age_ms", 60_000), ("grpc.max_connection_age_grace_ms", 2**31 - 1)]
     ext = grpc.aio.server(options=options)
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain, streams), ext)
     health_pb2_grpc.add_HealthServicer_to_server(health, ext)
