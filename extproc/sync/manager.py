@@ -29,19 +29,24 @@ import os
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from extproc.config import SyncConfig
 from extproc.prefix.index import PrefixIndex
-from extproc.scheduling.interfaces import PreciseSource
 from extproc.sync.link import PeerLink
 from extproc.sync.outbox import Outbox, SyncStats
 from extproc.sync.service import SyncService, add_to_server
 from extproc.sync.wire import LOAD, RECORD, REMOVE, SPECULATIVE, UPDATES, Codec, Frame, FrameError
 
 log = logging.getLogger("prefix_epp.sync")
+
+
+class SpeculativeSink(Protocol):
+    """Where peers' speculative precise entries go (KVEventsManager)."""
+
+    def apply_speculative(self, endpoint: str, keys: Sequence[int]) -> None: ...
 
 SECRET_ENV = "PREFIX_EPP_SYNC_SECRET"
 
@@ -58,7 +63,7 @@ def load_secret(cfg: SyncConfig) -> bytes:
 
 
 class PeerSync:
-    def __init__(self, cfg: SyncConfig, secret: bytes, index: PrefixIndex, precise: PreciseSource | None, *,
+    def __init__(self, cfg: SyncConfig, secret: bytes, index: PrefixIndex, precise: SpeculativeSink | None, *,
                  bind: str, reuse_port: bool = False, sibling_port: int = 0, siblings: Sequence[str] = ()) -> None:
         self.cfg = cfg
         self.index = index
@@ -76,6 +81,7 @@ class PeerSync:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._servers: list[grpc.aio.Server] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # links of removed peers, closing
 
     # -- applying what peers send -------------------------------------------------------------
     def apply(self, frame: Frame) -> int:
@@ -85,10 +91,8 @@ class PeerSync:
                 index.apply(endpoint, hashes)
             elif op == REMOVE:
                 index.remove_endpoint(endpoint)
-            elif op == SPECULATIVE:
-                apply_speculative = getattr(precise, "apply_speculative", None)
-                if apply_speculative is not None:
-                    apply_speculative(endpoint, hashes)
+            elif op == SPECULATIVE and precise is not None:
+                precise.apply_speculative(endpoint, hashes)
             elif op == LOAD:
                 index.load(endpoint, hashes)
                 self.stats.snapshot_entries_loaded += len(hashes)
@@ -104,15 +108,22 @@ class PeerSync:
         wanted = {a.strip() for a in addresses if a.strip()}
         for address in list(self.links):
             if address not in wanted:
-                self.links.pop(address)
+                link = self.links.pop(address)
                 task = self._tasks.pop(address, None)
                 if task is not None:
                     task.cancel()
+                self._closing.add(asyncio.get_running_loop().create_task(self._close(link, task)))
                 log.info("peer removed", extra={"peer": address})
         for address in sorted(wanted - set(self.links)):
             link = PeerLink(address, self.codec, self.origin, self.cfg, self.stats)
             self.links[address] = link
             self._tasks[address] = asyncio.get_running_loop().create_task(link.run(), name=f"sync {address}")
+
+    async def _close(self, link: PeerLink, task: asyncio.Task[None] | None) -> None:
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await link.close()
 
     def connected_peers(self) -> int:
         return sum(1 for link in self.links.values() if link.connected)
@@ -201,7 +212,7 @@ class PeerSync:
         links = [*self.links.values(), *self.siblings]
         while any(link.connected and link.pending for link in links) and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        tasks = [t for t in (self._flusher, *self._tasks.values()) if t is not None]
+        tasks = [t for t in (self._flusher, *self._tasks.values(), *self._closing) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -229,7 +229,13 @@ async def test_a_non_peer_cannot_inject_entries(tmp_path: Path) -> None:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await push(iter([frame]))
                 assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            samples = await asyncio.to_thread(scrape, picker)
+            deadline = time.monotonic() + 20
+            while True:  # the rogue's own link keeps knocking (Hello), refused every time
+                samples = await asyncio.to_thread(scrape, picker)
+                if value(samples, "prefix_epp_sync_rejected_frames_total", reason="unauthenticated") >= 2:
+                    break
+                assert time.monotonic() < deadline, "the rogue's Hello never reached the picker"
+                await asyncio.sleep(0.05)
         finally:
             await rogue.stop()
     assert value(samples, "prefix_epp_sync_rejected_frames_total", reason="unauthenticated") >= 2
