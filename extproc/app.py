@@ -141,10 +141,17 @@ class App:
             health_port=cfg.grpc_health_port if first else 0, secure=cfg.secure_serving, cert_path=cfg.cert_path,
             explain=cfg.explain_decisions, streams=self.streams, reuse_port=self.role.count > 1,
         )
-        if cfg.metrics_port and first:
+        if cfg.metrics_port:
             from prometheus_client import start_http_server
 
-            self._metrics_server = start_http_server(cfg.metrics_port, cfg.bind_address, self.metrics.registry)
+            from extproc.metrics.pod import pod_registry
+
+            if not first:  # read by worker 0 only (extproc/metrics/pod.py)
+                self._metrics_server = start_http_server(self.role.metrics_port, "127.0.0.1", self.metrics.registry)
+            else:
+                registry = (pod_registry(self.metrics.registry, self.role.sibling_metrics) if self.role.count > 1
+                            else self.metrics.registry)
+                self._metrics_server = start_http_server(cfg.metrics_port, cfg.bind_address, registry)
         log.info("picker started", extra={
             "grpc_port": cfg.grpc_port, "health_port": cfg.grpc_health_port, "metrics_port": cfg.metrics_port,
             "secure_serving": cfg.secure_serving, "endpoints": len(self.datastore),

@@ -13,7 +13,8 @@ Each worker (`WorkerRole`):
 - syncs its index with its siblings and the pod's peers (extproc/sync/manager.py), so every
   worker sees every decision of the pod and of the other pods;
 - worker 0 alone serves the health port and /metrics: one endpoint per pod. Its readiness
-  is the pod's; its metrics count its own requests (the index gauges hold the shared view).
+  is the pod's; its /metrics adds every sibling's samples with a `worker` label
+  (extproc/metrics/pod.py); siblings serve theirs on a loopback port for it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class WorkerRole:
     count: int = 1
     sibling_port: int = 0  # this worker's loopback sync port (0: single process)
     siblings: tuple[str, ...] = ()  # the other workers' loopback sync addresses
+    metrics_port: int = 0  # this worker's loopback /metrics (workers other than 0)
+    sibling_metrics: tuple[tuple[int, str], ...] = ()  # worker 0: (index, URL) of the others' /metrics
 
 
 def worker_role(environ: dict[str, str] | None = None) -> WorkerRole | None:
@@ -48,13 +51,19 @@ def worker_role(environ: dict[str, str] | None = None) -> WorkerRole | None:
     value = (environ if environ is not None else os.environ).get(WORKER_ENV, "")
     if not value:
         return None
-    index_s, count_s, ports_s = value.split("/")
-    index, count = int(index_s), int(count_s)
-    ports = [int(p) for p in ports_s.split(",")]
-    if not 0 <= index < count == len(ports):
+    try:
+        index_s, count_s, ports_s, metrics_s = value.split("/")
+        index, count = int(index_s), int(count_s)
+        ports = [int(p) for p in ports_s.split(",")]
+        metrics = [int(p) for p in metrics_s.split(",")]
+    except ValueError:
+        raise ValueError(f"bad {WORKER_ENV}={value!r}") from None
+    if not 0 <= index < count == len(ports) == len(metrics):
         raise ValueError(f"bad {WORKER_ENV}={value!r}")
-    return WorkerRole(index, count, ports[index],
-                      tuple(f"127.0.0.1:{p}" for i, p in enumerate(ports) if i != index))
+    others = [i for i in range(count) if i != index]
+    return WorkerRole(index, count, ports[index], tuple(f"127.0.0.1:{ports[i]}" for i in others),
+                      metrics[index] if index else 0,
+                      tuple((i, f"http://127.0.0.1:{metrics[i]}/metrics") for i in others) if index == 0 else ())
 
 
 def _free_loopback_ports(n: int) -> list[int]:
@@ -72,7 +81,8 @@ def _free_loopback_ports(n: int) -> list[int]:
 
 def supervise(count: int, argv: list[str], secret_env: str, have_secret: bool) -> int:
     """Run `count` workers of `argv` until they all exit; returns 0 when they stopped cleanly."""
-    ports = _free_loopback_ports(count)
+    ports = _free_loopback_ports(2 * count)
+    sync_ports, metrics_ports = ",".join(map(str, ports[:count])), ",".join(map(str, ports[count:]))
     env = dict(os.environ)
     if not have_secret:
         env[secret_env] = secrets.token_hex(32)
@@ -80,7 +90,7 @@ def supervise(count: int, argv: list[str], secret_env: str, have_secret: bool) -
     procs: list[subprocess.Popen[bytes] | None] = [None] * count
 
     def spawn(i: int) -> subprocess.Popen[bytes]:
-        worker_env = {**env, WORKER_ENV: f"{i}/{count}/{','.join(map(str, ports))}"}
+        worker_env = {**env, WORKER_ENV: f"{i}/{count}/{sync_ports}/{metrics_ports}"}
         return subprocess.Popen([sys.executable, "-m", "extproc", *argv], env=worker_env)
 
     def forward(signum: int, _frame: FrameType | None) -> None:

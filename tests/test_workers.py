@@ -12,10 +12,14 @@ from extproc.workers import WORKER_ENV, WorkerRole, worker_role
 
 def test_worker_role_parsing() -> None:
     assert worker_role({}) is None
-    role = worker_role({WORKER_ENV: "1/3/7001,7002,7003"})
-    assert role == WorkerRole(1, 3, 7002, ("127.0.0.1:7001", "127.0.0.1:7003"))
-    with pytest.raises(ValueError):
-        worker_role({WORKER_ENV: "3/3/7001,7002,7003"})
+    role = worker_role({WORKER_ENV: "1/3/7001,7002,7003/8001,8002,8003"})
+    assert role == WorkerRole(1, 3, 7002, ("127.0.0.1:7001", "127.0.0.1:7003"), 8002, ())
+    first = worker_role({WORKER_ENV: "0/2/7001,7002/8001,8002"})
+    assert first is not None and first.metrics_port == 0
+    assert first.sibling_metrics == ((1, "http://127.0.0.1:8002/metrics"),)
+    for bad in ("3/3/7001,7002,7003/8001,8002,8003", "0/2/7001,7002/8001", "0/2/x"):
+        with pytest.raises(ValueError):
+            worker_role({WORKER_ENV: bad})
 
 
 def parse(*args: str) -> argparse.Namespace:

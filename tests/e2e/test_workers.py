@@ -34,8 +34,8 @@ async def known_at_worker0(picker_metrics: Callable[[], dict[tuple[str, tuple[tu
     deadline = time.monotonic() + timeout
     while True:
         samples = await asyncio.to_thread(picker_metrics)
-        known = value(samples, "prefix_epp_sync_records_sent_total") + value(
-            samples, "prefix_epp_sync_records_applied_total")
+        known = value(samples, "prefix_epp_sync_records_sent_total", worker="0") + value(
+            samples, "prefix_epp_sync_records_applied_total", worker="0")
         if known >= decisions:
             return
         if time.monotonic() > deadline:
@@ -66,10 +66,12 @@ async def test_two_workers_share_the_port_and_the_view_then_drain(tmp_path: Path
             # Each tenant's requests land on one backend, whichever worker decided them; a worker
             # that did not see its sibling's decisions would send some to another backend.
             assert all(len(c) == 1 for c in homes.values()), homes
-            samples = scrape(picker)  # one /metrics endpoint for the pod (worker 0)
-            routed = value(samples, "prefix_epp_requests_total", outcome="routed", status="200")
-            applied = value(samples, "prefix_epp_sync_records_applied_total")
-            assert 0 < routed < len(prompts) and applied > 0, (routed, applied)  # both workers decided
+            samples = scrape(picker)  # one /metrics endpoint for the pod: every worker's samples
+            routed = [value(samples, "prefix_epp_requests_total", outcome="routed", status="200", worker=w)
+                      for w in ("0", "1")]
+            applied = [value(samples, "prefix_epp_sync_records_applied_total", worker=w) for w in ("0", "1")]
+            assert sum(routed) == len(prompts) and min(routed) > 0, routed  # both workers decided
+            assert applied == [routed[1], routed[0]], (routed, applied)  # each applied all of the other's
             os.kill(proc.pid, signal.SIGTERM)
             await asyncio.to_thread(proc.popen.wait, 30)
             assert proc.popen.returncode == 0

@@ -150,3 +150,29 @@ async def test_scale_down_and_up_follow_set_peers(pair: tuple[PeerSync, PeerSync
         assert b.index.held_by("10.0.0.1:8000") == 0  # b is no longer a peer of a
     finally:
         await c.stop()
+
+
+async def test_precise_speculative_entries_are_shared() -> None:
+    from extproc.config import KVEventsConfig
+    from extproc.datastore import Datastore
+    from extproc.kvevents.manager import KVEventsManager
+
+    pa, pb = free_ports(2)
+    managers = [KVEventsManager(KVEventsConfig(speculative_ttl_s=60), Datastore()) for _ in range(2)]
+    syncs = []
+    for port, peer, manager in ((pa, pb, managers[0]), (pb, pa, managers[1])):
+        cfg = replace(FAST, port=port, peers=(f"127.0.0.1:{peer}",))
+        sync = PeerSync(cfg, SECRET, PrefixIndex(100), manager, bind="127.0.0.1")
+        manager.on_record(sync.outbox.speculative)
+        await sync.start()
+        syncs.append(sync)
+    try:
+        managers[0].record("10.0.0.1:8000", [11, 12, 13])
+        await until(lambda: managers[1].index.speculative("10.0.0.1:8000") == 3)
+        assert managers[1].index.match([11, 12, 13], ["10.0.0.1:8000"], managers[1].now()) == {"10.0.0.1:8000": 3}
+        await asyncio.sleep(0.05)
+        assert managers[0].index.speculative("10.0.0.1:8000") == 3  # applied once, no echo growth
+        assert syncs[0].stats.records_applied == 0
+    finally:
+        for sync in syncs:
+            await sync.stop()
