@@ -66,10 +66,15 @@ async def test_two_workers_share_the_port_and_the_view_then_drain(tmp_path: Path
             # Each tenant's requests land on one backend, whichever worker decided them; a worker
             # that did not see its sibling's decisions would send some to another backend.
             assert all(len(c) == 1 for c in homes.values()), homes
-            samples = scrape(picker)  # one /metrics endpoint for the pod: every worker's samples
-            routed = [value(samples, "prefix_epp_requests_total", outcome="routed", status="200", worker=w)
-                      for w in ("0", "1")]
-            applied = [value(samples, "prefix_epp_sync_records_applied_total", worker=w) for w in ("0", "1")]
+            deadline = time.monotonic() + 10
+            while True:  # one /metrics endpoint for the pod: every worker's samples
+                samples = scrape(picker)
+                routed = [value(samples, "prefix_epp_requests_total", outcome="routed", status="200", worker=w)
+                          for w in ("0", "1")]
+                applied = [value(samples, "prefix_epp_sync_records_applied_total", worker=w) for w in ("0", "1")]
+                if applied == [routed[1], routed[0]] or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
             assert sum(routed) == len(prompts) and min(routed) > 0, routed  # both workers decided
             assert applied == [routed[1], routed[0]], (routed, applied)  # each applied all of the other's
             os.kill(proc.pid, signal.SIGTERM)
