@@ -1,7 +1,7 @@
 """Several pickers and several workers: hit rate, sync bandwidth, snapshot cost, workers' throughput.
 
     python -m bench.replicas                  # everything, ~10 min on 2 cores (writes bench/results/replicas.*)
-    python -m bench.replicas --parts hit-rate --reps 1
+    python -m bench.replicas --parts workers --reps 5   # rerun one part; the others' results are kept
 
 Parts (every figure side by side in one run, `--reps` repetitions (3), configurations interleaved
 within each repetition, so a busy machine hits them alike):
@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import statistics
 import sys
@@ -292,9 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = asyncio.run(snapshot_run(endpoints, cap))
                 print(json.dumps(row), flush=True)
                 raw["snapshot"].append(row)
-    summary = summarize(raw)
     out = Path(a.out)
-    out.with_suffix(".json").write_text(json.dumps({"config": vars(a), "summary": summary, "runs": raw}, indent=1)
+    if out.with_suffix(".json").exists():  # parts not run this time keep their earlier results
+        earlier = json.loads(out.with_suffix(".json").read_text())["runs"]
+        for part, key in (("hit-rate", "hit_rate"), ("snapshot", "snapshot"), ("workers", "workers")):
+            if part not in a.parts:
+                raw[key] = earlier.get(key, [])
+    summary = summarize(raw)
+    config = {k: v for k, v in vars(a).items() if k != "out"}
+    config["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]  # >2 on 2 cores: a shared, busy machine
+    out.with_suffix(".json").write_text(json.dumps({"config": config, "summary": summary, "runs": raw}, indent=1)
                                         + "\n")
     out.with_suffix(".md").write_text(table(summary))
     print(table(summary))
