@@ -10,7 +10,8 @@ Algorithm (full mesh, no broker, no leader):
 - Peers: `set_peers(addresses)` diffs the set (static `--peers`, or the ready pods of our own
   Deployment from extproc/sync/kube_peers.py, live). A link that turns out to reach this very
   process (Hello returns our origin) closes itself, so a replica may list itself.
-- Warm start: `warm_start()` asks peers, in random order, for a snapshot until one answers or
+- Warm start: `warm_start()` asks peers (other pods; sibling workers only when there are none),
+  in random order, for a snapshot until one answers or
   `warm_timeout_s` (5 s) has passed; `warm` then turns True (readiness waits for it), peer or not.
 - Workers (extproc/workers.py): every worker of a pod binds the pod's sync port with SO_REUSEPORT
   and its own loopback `sibling_port`. Frames arriving on the pod port are applied and forwarded
@@ -162,7 +163,9 @@ class PeerSync:
         tried: set[str] = set()
         try:
             while (remaining := deadline - loop.time()) > 0:
-                untried = [link for link in [*self.links.values(), *self.siblings] if link.address not in tried]
+                # Other pods first: sibling workers start together and are as cold as we are.
+                pool = list(self.links.values()) or self.siblings
+                untried = [link for link in pool if link.address not in tried]
                 if not untried:
                     tried.clear()  # every peer failed once: maybe they were starting; try again
                     await asyncio.sleep(min(0.2, remaining))
