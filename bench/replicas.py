@@ -294,14 +294,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
                 raw["snapshot"].append(row)
     out = Path(a.out)
+    settings = {"reps": a.reps, "time_scale": a.time_scale, "worker_requests": a.worker_requests,
+                "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}  # >2 on 2 cores: a busy machine
+    config = {part: settings for part in a.parts}
     if out.with_suffix(".json").exists():  # parts not run this time keep their earlier results
-        earlier = json.loads(out.with_suffix(".json").read_text())["runs"]
+        earlier = json.loads(out.with_suffix(".json").read_text())
         for part, key in (("hit-rate", "hit_rate"), ("snapshot", "snapshot"), ("workers", "workers")):
             if part not in a.parts:
-                raw[key] = earlier.get(key, [])
+                raw[key] = earlier["runs"].get(key, [])
+                if part in earlier.get("config", {}):
+                    config[part] = earlier["config"][part]
     summary = summarize(raw)
-    config = {k: v for k, v in vars(a).items() if k != "out"}
-    config["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]  # >2 on 2 cores: a shared, busy machine
     out.with_suffix(".json").write_text(json.dumps({"config": config, "summary": summary, "runs": raw}, indent=1)
                                         + "\n")
     out.with_suffix(".md").write_text(table(summary))
