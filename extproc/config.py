@@ -109,6 +109,7 @@ class SyncConfig:
     secret_file: str = ""  # --sync-secret-file; else env PREFIX_EPP_SYNC_SECRET
     flush_interval_s: float = 0.02  # local decisions are batched this long before they are sent
     max_batch_records: int = 1024  # records per frame at most
+    max_batch_hashes: int = 262144  # hashes per frame at most (2 MB), unless one record has more
     pending_limit: int = 16384  # records waiting for the next flush; beyond: dropped and counted
     peer_queue_frames: int = 256  # frames waiting per peer; beyond: dropped and counted
     warm_timeout_s: float = 5.0  # --sync-warm-timeout: ready after this even if no peer sent a snapshot

@@ -90,6 +90,7 @@ class PeerLink:
 
     async def run(self) -> None:
         delay = self._cfg.backoff_initial_s
+        warned = False
         try:
             while True:
                 try:
@@ -104,7 +105,12 @@ class PeerLink:
                     await push(self._frames())
                 except (grpc.aio.AioRpcError, FrameError) as exc:
                     self._stats.connect_failures += 1
-                    if self.connected:
+                    refused = isinstance(exc, FrameError) or exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                    if refused and not warned:  # a configuration error: say it once, keep trying
+                        warned = True
+                        log.warning("peer refused us or we refused it: different sync secrets?",
+                                    extra={"peer": self.address, "error": _describe(exc)})
+                    elif self.connected:
                         log.warning("peer link lost", extra={"peer": self.address, "error": _describe(exc)})
                     else:
                         log.debug("peer unreachable", extra={"peer": self.address, "error": _describe(exc)})

@@ -4,15 +4,16 @@ Algorithm (full mesh, no broker, no leader):
 - The request path never sees this class: `App` registers `outbox.record` / `outbox.speculative`
   as listeners of the prefix index and the precise index, and `outbox.removed` on the datastore.
 - Every `flush_interval_s` (20 ms) the outbox is cut into frames of at most `max_batch_records`
-  records; each frame is encoded once and offered to every peer link (bounded queues, drops
-  counted). Frames carry their origin; applying a peer's records (`PrefixIndex.apply`,
-  `KVEventsManager.apply_speculative`, `remove_endpoint`) notifies no listener, so nothing echoes.
+  records and about `max_batch_hashes` hashes; each frame is encoded once and offered to every
+  peer link (bounded queues, drops counted). Frames carry their origin; applying a peer's
+  records (`PrefixIndex.apply`, `KVEventsManager.apply_speculative`, `remove_endpoint`) notifies
+  no listener, so nothing echoes.
 - Peers: `set_peers(addresses)` diffs the set (static `--peers`, or the ready pods of our own
   Deployment from extproc/sync/kube_peers.py, live). A link that turns out to reach this very
   process (Hello returns our origin) closes itself, so a replica may list itself.
 - Warm start: `warm_start()` asks peers (other pods; sibling workers only when there are none),
-  in random order, for a snapshot until one answers or
-  `warm_timeout_s` (5 s) has passed; `warm` then turns True (readiness waits for it), peer or not.
+  in random order, for a snapshot until one answers or `warm_timeout_s` (5 s) has passed; `warm`
+  then turns True (readiness waits for it), peer or not.
 - Workers (extproc/workers.py): every worker of a pod binds the pod's sync port with SO_REUSEPORT
   and its own loopback `sibling_port`. Frames arriving on the pod port are applied and forwarded
   unchanged to the siblings; frames arriving on the sibling port are only applied; local frames go
@@ -195,7 +196,7 @@ class PeerSync:
         """Send what the outbox holds (one encoding per frame, offered to every link)."""
         links = [*self.links.values(), *self.siblings]
         while len(self.outbox):
-            records = self.outbox.take(self.cfg.max_batch_records)
+            records = self.outbox.take(self.cfg.max_batch_records, self.cfg.max_batch_hashes)
             if not links:
                 continue
             frame = self.codec.encode(UPDATES, self.origin, records)

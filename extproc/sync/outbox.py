@@ -3,7 +3,8 @@
 Index listeners call `record`, `speculative` and `removed` synchronously at decision time; each
 appends one tuple (the hash list is shared, not copied) unless `pending_limit` records already
 wait, in which case the record is dropped and counted (`SyncStats.dropped["outbox_full"]`).
-Nothing here awaits, locks or does I/O. The flush loop (extproc/sync/manager.py) calls `take`.
+Nothing here awaits, locks or does I/O. The flush loop (extproc/sync/manager.py) calls `take`,
+which cuts frames by records and by hashes, so a frame stays far below the gRPC message limit.
 """
 
 from __future__ import annotations
@@ -54,12 +55,16 @@ class Outbox:
     def removed(self, endpoint: str) -> None:
         self._add((REMOVE, endpoint, ()))
 
-    def take(self, limit: int) -> list[Record]:
+    def take(self, limit: int, max_hashes: int) -> list[Record]:
+        """The oldest records, at most `limit` of them and about `max_hashes` hashes (at least one record)."""
         pending = self._pending
-        if len(pending) <= limit:
-            self._pending = []
-            return pending
-        batch, self._pending = pending[:limit], pending[limit:]
+        n, hashes = 0, 0
+        for _, _, h in pending:
+            if n >= limit or (n and hashes + len(h) > max_hashes):
+                break
+            n += 1
+            hashes += len(h)
+        batch, self._pending = pending[:n], pending[n:]
         return batch
 
     def __len__(self) -> int:

@@ -176,3 +176,16 @@ async def test_precise_speculative_entries_are_shared() -> None:
     finally:
         for sync in syncs:
             await sync.stop()
+
+
+def test_outbox_cuts_frames_by_records_and_hashes() -> None:
+    from extproc.sync.outbox import Outbox, SyncStats
+
+    box = Outbox(100, SyncStats())
+    for i in range(5):
+        box.record(f"e{i}:1", list(range(10)))
+    assert [ep for _, ep, _ in box.take(3, 1000)] == ["e0:1", "e1:1", "e2:1"]
+    assert [ep for _, ep, _ in box.take(10, 15)] == ["e3:1"]  # a second record would pass 15 hashes
+    box.record("big:1", list(range(50)))
+    assert len(box.take(10, 15)) == 1 and len(box.take(10, 15)) == 1  # an oversized record still goes alone
+    assert len(box) == 0
