@@ -1,12 +1,12 @@
 """Kubernetes peers: the ready pods of the picker's own Deployment, by label selector.
 
-A list-then-watch loop (extproc/discovery/watch.py) on Pods in the picker's namespace with
-`--peer-selector` (e.g. `app.kubernetes.io/name=prefix-epp,app.kubernetes.io/instance=x`),
-filtered on our side as well. Peers = pods that are Ready, have a pod IP, are not being deleted
-and are not this pod (env POD_NAME, else HOSTNAME); address = `<pod IP>:<--sync-port>`.
-After every list or event the peer set is handed to `PeerSync.set_peers`, so scale-up and
-scale-down are followed live. RBAC: get/list/watch on pods, which the picker already has for the
-pool's pods; nothing is added.
+A list-then-watch loop (extproc/discovery/watch.py) on Pods in the picker's own namespace (env
+NAMESPACE, which the chart sets from the pod; else the pool's) with `--peer-selector` (e.g.
+`app.kubernetes.io/name=prefix-epp,app.kubernetes.io/instance=x`), filtered on our side as well.
+Peers = pods that are Ready, have a pod IP, are not being deleted and are not this pod (env
+POD_NAME, else HOSTNAME); address = `<pod IP>:<--sync-port>`. After every list or event the peer
+set is handed to `PeerSync.set_peers`, so scale-up and scale-down are followed live. RBAC:
+get/list/watch on pods, which the picker already has for the pool's pods; nothing is added.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class PeerPods:
         from extproc.discovery.kubernetes import pool_namespace
 
         self.config = config
-        self.namespace = pool_namespace(config)
+        self.namespace = os.environ.get("NAMESPACE", "") or pool_namespace(config)  # our own pods' namespace
         self.selector = parse_selector(config.sync.peer_selector)
         self.own_name = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME", "")
         self._set_peers = set_peers
