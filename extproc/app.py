@@ -2,6 +2,10 @@
 
 Construction is explicit: every component is created here and handed what it reads, so nothing
 creates its own dependencies behind the caller's back.
+
+Peer sync (extproc/sync/, `--sync-port`) is reached by the request path only through the index
+listeners registered here; readiness waits for discovery and for the warm start. Stopping is two
+steps: `drain()` (readiness NOT_SERVING, open streams finish, extproc/drain.py), then `stop()`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from extproc.config import EppConfig
 from extproc.datastore import Datastore, Endpoint
 from extproc.director import Director
 from extproc.discovery.static import load_static
+from extproc.drain import StreamTracker
 from extproc.kvevents.manager import KVEventsManager, kv_events_wanted
 from extproc.kvevents.metrics import KVEventsCollector
 from extproc.metrics.epp import EppMetrics
@@ -29,9 +34,12 @@ from extproc.scheduling.scheduler import Scheduler
 from extproc.server.grpc_server import start_servers
 from extproc.server.health import HealthServicer
 from extproc.tokenize import Tokenizer, make_tokenizer
+from extproc.workers import WorkerRole
 
 if TYPE_CHECKING:
     from extproc.discovery.kubernetes import KubernetesDiscovery
+    from extproc.sync.kube_peers import PeerPods
+    from extproc.sync.manager import PeerSync
 
 log = logging.getLogger("prefix_epp")
 
@@ -40,6 +48,7 @@ log = logging.getLogger("prefix_epp")
 class App:
     config: EppConfig
     profile: Profile | None = None  # None: from --config-file/--config-text, else the default profile
+    role: WorkerRole = field(default_factory=WorkerRole)  # which worker of the pod (extproc/workers.py)
     datastore: Datastore = field(default_factory=Datastore)
     index: PrefixIndex = field(init=False)
     scheduler: Scheduler = field(init=False)
@@ -51,6 +60,9 @@ class App:
     scraper: MetricsScraper | None = field(init=False, default=None)
     kv_events: KVEventsManager | None = field(init=False, default=None)  # precise index (extproc/kvevents/)
     tokenizer: Tokenizer | None = field(init=False, default=None)
+    sync: PeerSync | None = field(init=False, default=None)  # peer sync (extproc/sync/)
+    peer_pods: PeerPods | None = field(init=False, default=None)
+    streams: StreamTracker = field(default_factory=StreamTracker)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     _servers: list[grpc.aio.Server] = field(default_factory=list)
     _metrics_server: Any = None
@@ -80,7 +92,30 @@ class App:
         self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/server/usage.py)
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
-        self.health = HealthServicer(lambda: self.datastore.synced)
+        if cfg.sync.port or self.role.count > 1:
+            self._wire_sync()
+        self.health = HealthServicer(self._ready)
+
+    def _wire_sync(self) -> None:
+        from extproc.sync.manager import PeerSync, load_secret
+        from extproc.sync.metrics import SyncCollector
+
+        cfg = self.config
+        sync = self.sync = PeerSync(cfg.sync, load_secret(cfg.sync), self.index, self.kv_events,
+                                    bind=cfg.bind_address, reuse_port=self.role.count > 1,
+                                    sibling_port=self.role.sibling_port, siblings=self.role.siblings)
+        self.index.on_record(sync.outbox.record)
+        if self.kv_events is not None:
+            self.kv_events.on_record(sync.outbox.speculative)
+        self.datastore.on_removed(lambda ep: sync.outbox.removed(ep.key))
+        self.metrics.registry.register(SyncCollector(sync))
+        if cfg.sync.peer_selector:
+            from extproc.sync.kube_peers import PeerPods
+
+            self.peer_pods = PeerPods(cfg, sync.set_peers)
+
+    def _ready(self) -> bool:
+        return self.datastore.synced and (self.sync is None or self.sync.warm)
 
     def _forget(self, ep: Endpoint) -> None:
         self.index.remove_endpoint(ep.key)
@@ -95,22 +130,44 @@ class App:
             self.background.append(asyncio.create_task(self.scraper.run(), name="metrics-scraper"))
         if self.kv_events is not None:
             self.background.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
-        ext, hs = await start_servers(
+        if self.sync is not None:
+            await self.sync.start()
+            if self.peer_pods is not None:
+                self.background.append(asyncio.create_task(self.peer_pods.run(), name="peer-pods"))
+            self.background.append(asyncio.create_task(self.sync.warm_start(), name="warm-start"))
+        first = self.role.index == 0
+        self._servers = await start_servers(
             self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
-            health_port=cfg.grpc_health_port, secure=cfg.secure_serving, cert_path=cfg.cert_path,
-            explain=cfg.explain_decisions,
+            health_port=cfg.grpc_health_port if first else 0, secure=cfg.secure_serving, cert_path=cfg.cert_path,
+            explain=cfg.explain_decisions, streams=self.streams, reuse_port=self.role.count > 1,
         )
-        self._servers = [ext, hs]
         if cfg.metrics_port:
             from prometheus_client import start_http_server
 
-            self._metrics_server = start_http_server(cfg.metrics_port, cfg.bind_address, self.metrics.registry)
+            from extproc.metrics.pod import pod_registry
+
+            if not first:  # read by worker 0 only (extproc/metrics/pod.py)
+                self._metrics_server = start_http_server(self.role.metrics_port, "127.0.0.1", self.metrics.registry)
+            else:
+                registry = (pod_registry(self.metrics.registry, self.role.sibling_metrics) if self.role.count > 1
+                            else self.metrics.registry)
+                self._metrics_server = start_http_server(cfg.metrics_port, cfg.bind_address, registry)
         log.info("picker started", extra={
             "grpc_port": cfg.grpc_port, "health_port": cfg.grpc_health_port, "metrics_port": cfg.metrics_port,
             "secure_serving": cfg.secure_serving, "endpoints": len(self.datastore),
+            "worker": self.role.index, "workers": self.role.count,
         })
 
-    async def stop(self, grace: float = 2.0) -> None:
+    async def drain(self, interrupt: asyncio.Event | None = None) -> bool:
+        """Readiness NOT_SERVING at once; True once open streams ended (False: --drain-timeout)."""
+        self.health.shutting_down = True
+        d = self.config.drain
+        log.info("draining", extra={"open_streams": self.streams.open, "timeout_s": d.timeout_s})
+        done = await self.streams.drained(d.idle_s, d.timeout_s, interrupt)
+        log.info("drained" if done else "drain cut short", extra={"open_streams": self.streams.open})
+        return done
+
+    async def stop(self, grace: float = 1.0) -> None:
         self.health.shutting_down = True
         for task in self.background:
             task.cancel()
@@ -118,6 +175,8 @@ class App:
         if self.tokenizer is not None:
             await self.tokenizer.close()
         await asyncio.gather(*(s.stop(grace) for s in self._servers), return_exceptions=True)
+        if self.sync is not None:
+            await self.sync.stop()
         if self._metrics_server is not None:
             server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
             server.shutdown()

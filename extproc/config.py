@@ -125,6 +125,35 @@ class ProxyTrafficConfig:
 
 
 @dataclass(frozen=True)
+class SyncConfig:
+    """Peer sync of the prefix index between picker replicas (extproc/sync/)."""
+
+    port: int = 0  # --sync-port: 0 = no sync
+    peers: tuple[str, ...] = ()  # --peers host:port,...: static peers (a replica may list itself)
+    peer_selector: str = ""  # --peer-selector: Kubernetes label selector of the picker's own pods
+    secret_file: str = ""  # --sync-secret-file; else env PREFIX_EPP_SYNC_SECRET
+    flush_interval_s: float = 0.02  # local decisions are batched this long before they are sent
+    max_batch_records: int = 1024  # records per frame at most
+    max_batch_hashes: int = 262144  # hashes per frame at most (2 MB), unless one record has more
+    pending_limit: int = 16384  # records waiting for the next flush; beyond: dropped and counted
+    peer_queue_frames: int = 256  # frames waiting per peer; beyond: dropped and counted
+    warm_timeout_s: float = 5.0  # --sync-warm-timeout: ready after this even if no peer sent a snapshot
+    snapshot_chunk_hashes: int = 32768  # hashes per snapshot frame (256 KB)
+    max_frame_bytes: int = 16 * 1024 * 1024  # a larger frame (after decompression) is refused
+    max_clock_skew_s: float = 120.0  # frames stamped further from our clock are refused (replays)
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 1.0  # a Hello per second to a peer that is down: cheap, and it rejoins fast
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """Graceful stop on SIGTERM (extproc/drain.py)."""
+
+    timeout_s: float = 30.0  # --drain-timeout: = the chart's terminationGracePeriodSeconds
+    idle_s: float = 1.0  # exit once no ext_proc stream has been open for this long
+
+
+@dataclass(frozen=True)
 class EppConfig:
     grpc_port: int = 9002
     grpc_health_port: int = 9003
@@ -158,6 +187,9 @@ class EppConfig:
     metrics_source: MetricsSourceConfig = field(default_factory=MetricsSourceConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    workers: int = 1  # --workers: picker processes sharing the ext_proc port (extproc/workers.py)
     seed: int | None = None
 
 

@@ -6,18 +6,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 from dataclasses import replace
 from typing import Any
 
 from extproc import logs
-from extproc.config import EppConfig, KVEventsConfig, PrefixConfig, SpillConfig, WeightsConfig
+from extproc.config import (
+    DrainConfig,
+    EppConfig,
+    KVEventsConfig,
+    PrefixConfig,
+    SpillConfig,
+    SyncConfig,
+    WeightsConfig,
+)
 
 _D = EppConfig()
 _P = PrefixConfig()
 _S = SpillConfig()
 _W = WeightsConfig()
 _K = KVEventsConfig()
+_Y = SyncConfig()
+_DR = DrainConfig()
 
 
 def parse_bool(value: str | bool) -> bool:
@@ -85,6 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inflight-weight", type=float, default=_W.inflight, help="weight of the in-flight scorer")
     g.add_argument("--seed", type=int, default=None, help="seed for random tie-breaks (tests)")
     _add_kv_events_arguments(p)
+    _add_ha_arguments(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -121,7 +133,30 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
         seed=args.seed,
         kv_events=_kv_events_from_args(args),
+        sync=replace(_Y, port=args.sync_port, peers=tuple(x.strip() for x in args.peers.split(",") if x.strip()),
+                     peer_selector=args.peer_selector, secret_file=args.sync_secret_file,
+                     warm_timeout_s=args.sync_warm_timeout),
+        drain=replace(_DR, timeout_s=args.drain_timeout),
+        workers=args.workers,
     )
+
+
+def _add_ha_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("replicas, workers and drain (extproc/sync/, extproc/workers.py, extproc/drain.py)")
+    g.add_argument("--sync-port", type=int, default=_Y.port,
+                   help="peer-sync gRPC port: share the prefix index with peer replicas (0: off)")
+    g.add_argument("--peers", default=",".join(_Y.peers),
+                   help="static peers host:port,... (their --sync-port; this replica may be listed)")
+    g.add_argument("--peer-selector", default=_Y.peer_selector,
+                   help="Kubernetes label selector of this picker's own pods: peers are the ready ones")
+    g.add_argument("--sync-secret-file", default=_Y.secret_file,
+                   help="file with the peers' shared secret (else env PREFIX_EPP_SYNC_SECRET)")
+    g.add_argument("--sync-warm-timeout", type=duration, default=_Y.warm_timeout_s, metavar="DURATION",
+                   help="wait at most this long for a peer's index snapshot before reporting ready")
+    g.add_argument("--drain-timeout", type=duration, default=_DR.timeout_s, metavar="DURATION",
+                   help="on SIGTERM, wait this long at most for open streams to end")
+    g.add_argument("--workers", type=int, default=_D.workers,
+                   help="picker processes sharing the ext_proc port (SO_REUSEPORT), one core each")
 
 
 def _add_kv_events_arguments(p: argparse.ArgumentParser) -> None:
@@ -178,6 +213,32 @@ def _validate_kv_events(k: KVEventsConfig) -> None:
         raise SystemExit(f"prefix-epp serve: --tokenizer {k.tokenizer}: no such file (or builtin, remote)")
 
 
+def _validate_ha(config: EppConfig) -> None:
+    from extproc.datastore import split_host_port
+    from extproc.sync.manager import load_secret
+
+    y = config.sync
+    if not 0 <= y.port < 65536 or y.warm_timeout_s < 0 or config.drain.timeout_s < 0:
+        raise SystemExit("prefix-epp serve: --sync-port must be a port (0: off); --sync-warm-timeout and "
+                         "--drain-timeout must be >= 0")
+    if not 1 <= config.workers <= 64:
+        raise SystemExit("prefix-epp serve: --workers must be between 1 and 64")
+    if (y.peers or y.peer_selector) and not y.port:
+        raise SystemExit("prefix-epp serve: --peers and --peer-selector need --sync-port")
+    if y.peer_selector and not config.pool_name:
+        raise SystemExit("prefix-epp serve: --peer-selector needs Kubernetes discovery (--pool-name)")
+    for peer in y.peers:
+        try:
+            split_host_port(peer)
+        except ValueError as exc:
+            raise SystemExit(f"prefix-epp serve: --peers: {exc}") from None
+    if y.port:
+        try:
+            load_secret(y)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"prefix-epp serve: {exc}") from None
+
+
 def validate(config: EppConfig) -> None:
     if not config.endpoints and not config.pool_name:
         raise SystemExit("prefix-epp serve: give --endpoints or --pool-name")
@@ -191,6 +252,7 @@ def validate(config: EppConfig) -> None:
         raise SystemExit("prefix-epp serve: --refresh-metrics-interval must be >= 0 and "
                          "--metrics-staleness-threshold > 0")
     _validate_kv_events(config.kv_events)
+    _validate_ha(config)
     from extproc.discovery.pool import PoolError, pool_version
     from extproc.scheduling.config_loader import ConfigError, load_config
 
@@ -203,25 +265,40 @@ def validate(config: EppConfig) -> None:
 
 
 async def serve(config: EppConfig) -> None:
+    """Run until SIGTERM/SIGINT, then drain (extproc/drain.py); a second signal cuts the drain short."""
     from extproc.app import App
+    from extproc.workers import WorkerRole, worker_role
 
-    app = App(config)
-    stop = asyncio.Event()
+    app = App(config, role=worker_role() or WorkerRole())
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def signalled() -> None:
+        (hurry if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signalled)
     await app.start()
     try:
         await stop.wait()
+        await app.drain(hurry)
     finally:
         await app.stop()
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from extproc.sync.manager import SECRET_ENV
+    from extproc.workers import supervise, worker_role
+
     logs.setup(args.log_level)
     config = config_from_args(args)
     validate(config)
+    if config.workers > 1 and worker_role() is None:
+        have_secret = bool(config.sync.secret_file or os.environ.get(SECRET_ENV))
+        return supervise(config.workers, sys.argv[1:], SECRET_ENV, have_secret)
     asyncio.run(serve(config))
     return 0
 

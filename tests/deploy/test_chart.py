@@ -28,7 +28,8 @@ from tests.deploy.objects import (
 
 Render = Callable[[str], list[Obj]]
 
-BASE_KINDS = {"ServiceAccount", "ConfigMap", "Role", "RoleBinding", "Service", "Deployment", "InferencePool"}
+BASE_KINDS = {"ServiceAccount", "ConfigMap", "Role", "RoleBinding", "Service", "Deployment", "InferencePool",
+              "PodDisruptionBudget", "Secret"}
 PLAIN_EG_KINDS = {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "BackendTrafficPolicy", "ClientTrafficPolicy",
                   "EnvoyProxy"}
 

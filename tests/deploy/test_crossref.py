@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 import yaml
@@ -90,11 +90,14 @@ def test_chart_defaults_equal_eppconfig() -> None:
 
 
 def test_default_render_parses_to_eppconfig_defaults(render: Render) -> None:
-    """Apart from what the chart must set (pool, namespace, config file), the default chart's
-    flags leave every EppConfig field at its default."""
+    """Apart from what the chart must set (pool, namespace, config file; peer sync on, and a drain
+    that fits the grace period with the preStop sleep), the default chart's flags leave every
+    EppConfig field at its default."""
     config = config_from_args(parse(serve_args(render("default"))))
     differing = {f.name for f in fields(EppConfig) if getattr(config, f.name) != getattr(DEFAULTS, f.name)}
-    assert differing == {"pool_name", "pool_namespace", "config_file"}
+    assert differing == {"pool_name", "pool_namespace", "config_file", "sync", "drain"}
+    assert replace(config.sync, port=0, peer_selector="") == DEFAULTS.sync
+    assert replace(config.drain, timeout_s=DEFAULTS.drain.timeout_s) == DEFAULTS.drain
 
 
 def test_default_config_is_the_builtin_profile() -> None:

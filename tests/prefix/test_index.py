@@ -88,3 +88,19 @@ def test_forget_drops_only_that_endpoints_blocks() -> None:
     assert index.held_by("a") == 1 and index.entries == 3
     index.forget("unknown", [1])  # no-op
     assert index.held_by("b") == 2
+
+
+def test_listeners_see_local_records_only_and_dump_load_round_trips() -> None:
+    idx = PrefixIndex(10)
+    seen: list[tuple[str, list[int]]] = []
+    idx.on_record(lambda ep, hashes: seen.append((ep, list(hashes))))
+    idx.record("a:1", [1, 2, 3])
+    idx.apply("b:1", [1, 4])  # a peer's decision: same effect, no listener
+    assert seen == [("a:1", [1, 2, 3])]
+    assert idx.match([1, 4], ["a:1", "b:1"]) == {"a:1": 1, "b:1": 2}
+    dumped = dict(idx.dump())
+    assert dumped == {"a:1": [3, 2, 1], "b:1": [4, 1]}  # least recently used first
+    copy = PrefixIndex(10)
+    for ep, hashes in dumped.items():
+        copy.load(ep, hashes)
+    assert dict(copy.dump()) == dumped and copy.entries == idx.entries
