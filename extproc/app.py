@@ -26,6 +26,7 @@ from extproc.scheduling.build import Profile, build_scheduler, default_profile
 from extproc.scheduling.config_loader import load_config
 from extproc.scheduling.saturation import UtilizationDetector
 from extproc.scheduling.scheduler import Scheduler
+from extproc.server.body_budget import BodyBudget
 from extproc.server.grpc_server import start_servers
 from extproc.server.health import HealthServicer
 from extproc.tokenize import Tokenizer, make_tokenizer
@@ -46,6 +47,7 @@ class App:
     director: Director = field(init=False)
     metrics: EppMetrics = field(init=False)
     health: HealthServicer = field(init=False)
+    body_budget: BodyBudget = field(init=False)  # buffered request bytes of all streams
     detector: UtilizationDetector = field(init=False)
     discovery: KubernetesDiscovery | None = field(init=False, default=None)
     scraper: MetricsScraper | None = field(init=False, default=None)
@@ -81,6 +83,7 @@ class App:
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
         self.health = HealthServicer(lambda: self.datastore.synced)
+        self.body_budget = BodyBudget(cfg.max_buffered_bytes)
 
     def _forget(self, ep: Endpoint) -> None:
         self.index.remove_endpoint(ep.key)
@@ -98,7 +101,7 @@ class App:
         ext, hs = await start_servers(
             self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
             health_port=cfg.grpc_health_port, secure=cfg.secure_serving, cert_path=cfg.cert_path,
-            explain=cfg.explain_decisions,
+            explain=cfg.explain_decisions, budget=self.body_budget,
         )
         self._servers = [ext, hs]
         if cfg.metrics_port:

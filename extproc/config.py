@@ -115,6 +115,9 @@ class EppConfig:
     max_endpoints: int = 1
     explain_decisions: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)
+    # All streams' buffered bodies together (429 + Retry-After beyond): a quarter of the chart's 2 GiB
+    # memory limit (extproc/server/body_budget.py).
+    max_buffered_bytes: int = 512 * 1024 * 1024
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval_s: float = 0.05
     metrics_staleness_threshold_s: float = 2.0

@@ -65,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="endpoints returned per request, best first (>1: fallbacks)")
     g.add_argument("--max-request-body-bytes", type=int, default=_D.max_request_body_bytes,
                    help="larger request bodies are refused with 413 (the picker buffers the body)")
+    g.add_argument("--max-buffered-bytes", type=int, default=_D.max_buffered_bytes,
+                   help="request-body bytes buffered by all streams together; new requests beyond it get 429")
     _bool_flag(g, "--explain-decisions", _D.explain_decisions,
                "add an x-prefix-epp-decision response header with the scores")
     _bool_flag(g, "--disable-endpoint-subset-filter", _D.disable_endpoint_subset_filter,
@@ -107,7 +109,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         bind_address=args.bind_address, secure_serving=args.secure_serving, cert_path=args.cert_path,
         endpoints=endpoints, pool_name=args.pool_name, pool_namespace=args.pool_namespace,
         pool_group=args.pool_group, kubeconfig=args.kubeconfig, max_endpoints=args.max_endpoints,
-        max_request_body_bytes=args.max_request_body_bytes,
+        max_request_body_bytes=args.max_request_body_bytes, max_buffered_bytes=args.max_buffered_bytes,
         explain_decisions=args.explain_decisions, disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         refresh_metrics_interval_s=args.refresh_metrics_interval,
         metrics_staleness_threshold_s=args.metrics_staleness_threshold,

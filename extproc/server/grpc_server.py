@@ -12,6 +12,7 @@ from extproc.metrics.epp import EppMetrics
 from extproc.pb import external_processor_pb2 as pb
 from extproc.pb import external_processor_pb2_grpc as pb_grpc
 from extproc.pb import health_pb2_grpc
+from extproc.server.body_budget import BodyBudget
 from extproc.server.health import HealthServicer
 from extproc.server.processor import StreamProcessor
 from extproc.server.tls import server_credentials
@@ -26,25 +27,26 @@ _OPTIONS = [
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, director: Director, metrics: EppMetrics, explain: bool) -> None:
+    def __init__(self, director: Director, metrics: EppMetrics, explain: bool, budget: BodyBudget | None) -> None:
         self._director = director
         self._metrics = metrics
         self._explain = explain
+        self._budget = budget
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        processor = StreamProcessor(self._director, self._metrics, self._explain)
+        processor = StreamProcessor(self._director, self._metrics, self._explain, self._budget)
         async for resp in processor.run(request_iterator):
             yield resp
 
 
 async def start_servers(
     director: Director, metrics: EppMetrics, health: HealthServicer, *, bind: str, grpc_port: int,
-    health_port: int, secure: bool, cert_path: str, explain: bool,
+    health_port: int, secure: bool, cert_path: str, explain: bool, budget: BodyBudget | None = None,
 ) -> tuple[grpc.aio.Server, grpc.aio.Server]:
     ext = grpc.aio.server(options=_OPTIONS)
-    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain), ext)
+    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain, budget), ext)
     health_pb2_grpc.add_HealthServicer_to_server(health, ext)
     address = f"{bind}:{grpc_port}"
     if secure:

@@ -92,19 +92,22 @@ async def test_test_epp_endpoint_selection_header(default_stack: Stack) -> None:
         assert {r.served_by for r in replies} <= set(default_stack.backends[:2])
         r = await post(s, url, completion("x"), headers={"test-epp-endpoint-selection": "10.255.0.1"})
         assert r.status == 503
-        assert r.body.startswith(b"inference error: ServiceUnavailable - ")
+        assert r.headers["content-type"] == "application/json"
+        assert r.json()["error"]["type"] == "ServiceUnavailableError"
 
 
 @pytest.mark.parametrize(("raw", "needle"), [
-    (b'{"model": "m", "prompt": ', b"inference error: BadRequest - request body is not valid JSON"),
-    (b'["not", "an", "object"]', b"inference error: BadRequest - request body must be a JSON object"),
-    (b'{"prompt": "no model"}', b"inference error: BadRequest - model not found in request body"),
+    (b'{"model": "m", "prompt": ', "request body is not valid JSON"),
+    (b'["not", "an", "object"]', "request body must be a JSON object"),
+    (b'{"prompt": "no model"}', "model not found in request body"),
 ])
-async def test_bad_requests_get_400(default_stack: Stack, raw: bytes, needle: bytes) -> None:
+async def test_bad_requests_get_400(default_stack: Stack, raw: bytes, needle: str) -> None:
     async with aiohttp.ClientSession() as s:
         r = await post(s, f"{default_stack.url}/v1/completions", raw=raw)
         assert r.status == 400
-        assert r.body.startswith(needle)
+        assert r.headers["content-type"] == "application/json"
+        err = r.json()["error"]
+        assert err["message"].startswith(needle) and err["type"] == "BadRequestError" and err["code"] == 400
         assert "x-served-by" not in r.headers
 
 
