@@ -78,7 +78,10 @@ class App:
         self.director = Director(cfg, self.datastore, self.scheduler, admission=self.detector.admit,
                                  priority_of=self.discovery.priority_of if self.discovery else None,
                                  precise=self.kv_events, tokenizer=self.tokenizer)
-        self.metrics = EppMetrics(self.datastore, self.index, cfg.pool_name, cfg.metrics_staleness_threshold_s)
+        self.metrics = EppMetrics(self.datastore, self.index, cfg.pool_name, cfg.metrics_staleness_threshold_s,
+                                  cfg.model_names)
+        if self.scraper is not None:
+            self.scraper.on_models = self.metrics.models.learn  # engines' model names keep their label
         self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/server/usage.py)
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))

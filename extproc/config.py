@@ -132,6 +132,9 @@ class EppConfig:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     seed: int | None = None
+    # Model names that keep their own metric label (besides those the engines report); any other
+    # client-chosen name is counted as "other" (extproc/metrics/labels.py).
+    model_names: tuple[str, ...] = ()
 
 
 def defaults_of(cls: type) -> dict[str, object]:

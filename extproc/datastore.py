@@ -61,6 +61,7 @@ class ModelServerMetrics:
     running_loras: frozenset[str] = frozenset()
     waiting_loras: frozenset[str] = frozenset()
     max_lora: int = 0
+    model_names: frozenset[str] = frozenset()  # model_name labels of the engine's own series
     updated_at: float = 0.0  # time.monotonic() of the last successful scrape
     ok: bool = False  # False after a failed scrape
 

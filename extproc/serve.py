@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-weight", type=float, default=_W.prefix, help="weight of the prefix scorer")
     g.add_argument("--inflight-weight", type=float, default=_W.inflight, help="weight of the in-flight scorer")
     g.add_argument("--seed", type=int, default=None, help="seed for random tie-breaks (tests)")
+    g.add_argument("--model-names", default="",
+                   help="comma-separated model names that keep their own metric label (the engines' own "
+                   "model names always do; any other name is counted as 'other')")
     _add_kv_events_arguments(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -119,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         spill=replace(_S, relative=args.spill_relative, absolute=args.spill_absolute),
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
         seed=args.seed,
+        model_names=tuple(n.strip() for n in args.model_names.split(",") if n.strip()),
         kv_events=_kv_events_from_args(args),
     )
 

@@ -6,6 +6,11 @@ Names follow the Go EPP where a metric has an equivalent there; our own use the 
 |---|---|---|
 | inference_objective_request_total | counter | model_name, target_model_name |
 | inference_objective_request_error_total | counter | model_name, target_model_name, error_code |
+
+`model_name` is bounded (extproc/metrics/labels.py): names the picker knows from `--model-names` or
+the engines' own metrics keep their value, any other client-chosen name is counted as `other`.
+`target_model_name` equals `model_name`: the picker never rewrites the model (it is kept for the Go
+EPP's dashboards).
 | prefix_epp_requests_total | counter | outcome (routed, error), status (HTTP status) |
 | inference_extension_scheduler_e2e_duration_seconds | histogram | - (decision latency: body complete -> decision) |
 | inference_extension_prefix_indexer_hit_ratio | histogram | - (matched / total blocks of the chosen endpoint) |
@@ -39,6 +44,7 @@ from prometheus_client.registry import Collector
 
 from extproc.config import EppConfig
 from extproc.datastore import Datastore
+from extproc.metrics.labels import ModelLabels
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.load import usable_metrics
 
@@ -109,7 +115,8 @@ class _StateCollector(Collector):
 
 class EppMetrics:
     def __init__(self, datastore: Datastore, index: PrefixIndex | None, pool_name: str = "",
-                 metrics_staleness_s: float = _STALENESS_S) -> None:
+                 metrics_staleness_s: float = _STALENESS_S, model_names: tuple[str, ...] = ()) -> None:
+        self.models = ModelLabels(model_names)
         self.registry = CollectorRegistry()
         r = self.registry
         self._objective_requests = Counter(
@@ -149,6 +156,7 @@ class EppMetrics:
         return child
 
     def routed(self, model: str, target_model: str) -> None:
+        model, target_model = self.models.label(model), self.models.label(target_model)
         self._child(self._objective_requests, (model, target_model)).inc()
         self._child(self._requests, ("routed", "200")).inc()
 
@@ -161,6 +169,7 @@ class EppMetrics:
             within.inc()
 
     def error(self, model: str, target_model: str, code: str, status: int) -> None:
+        model, target_model = self.models.label(model), self.models.label(target_model)
         self._child(self._objective_requests, (model, target_model)).inc()
         self._child(self._objective_errors, (model, target_model, code)).inc()
         self._child(self._requests, ("error", str(status))).inc()
