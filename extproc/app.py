@@ -2,12 +2,18 @@
 
 Construction is explicit: every component is created here and handed what it reads, so nothing
 creates its own dependencies behind the caller's back.
+
+What runs where: everything runs on one asyncio event loop (the gRPC servers, the background
+loops, /metrics collection), so the datastore and indexes need no locks. Only the Kubernetes
+watches read their HTTP streams on threads and hand events to the loop (extproc/discovery/).
+Background loops run supervised (extproc/supervise.py): a crash is logged and the loop restarts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +26,7 @@ from extproc.discovery.static import load_static
 from extproc.kvevents.manager import KVEventsManager, kv_events_wanted
 from extproc.kvevents.metrics import KVEventsCollector
 from extproc.metrics.epp import EppMetrics
+from extproc.metrics.http import start_metrics_server
 from extproc.metrics.scrape import MetricsScraper
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import Profile, build_scheduler, default_profile
@@ -29,6 +36,7 @@ from extproc.scheduling.scheduler import Scheduler
 from extproc.server.body_budget import BodyBudget
 from extproc.server.grpc_server import start_servers
 from extproc.server.health import HealthServicer
+from extproc.supervise import Supervised, supervise
 from extproc.tokenize import Tokenizer, make_tokenizer
 
 if TYPE_CHECKING:
@@ -54,6 +62,7 @@ class App:
     kv_events: KVEventsManager | None = field(init=False, default=None)  # precise index (extproc/kvevents/)
     tokenizer: Tokenizer | None = field(init=False, default=None)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
+    supervised: list[Supervised] = field(default_factory=list)
     _servers: list[grpc.aio.Server] = field(default_factory=list)
     _metrics_server: Any = None
 
@@ -96,11 +105,11 @@ class App:
         if cfg.endpoints:
             load_static(self.datastore, cfg.endpoints)
         if self.discovery is not None:
-            self.background.append(asyncio.create_task(self.discovery.run(), name="discovery"))
+            self._supervise("discovery", self.discovery.run)
         if self.scraper is not None:
-            self.background.append(asyncio.create_task(self.scraper.run(), name="metrics-scraper"))
+            self._supervise("metrics-scraper", self.scraper.run)
         if self.kv_events is not None:
-            self.background.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
+            self._supervise("kv-events", self.kv_events.run)
         ext, hs = await start_servers(
             self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
             health_port=cfg.grpc_health_port, secure=cfg.secure_serving, cert_path=cfg.cert_path,
@@ -108,13 +117,17 @@ class App:
         )
         self._servers = [ext, hs]
         if cfg.metrics_port:
-            from prometheus_client import start_http_server
-
-            self._metrics_server = start_http_server(cfg.metrics_port, cfg.bind_address, self.metrics.registry)
+            self._metrics_server = await start_metrics_server(self.metrics.registry, cfg.bind_address,
+                                                              cfg.metrics_port)
         log.info("picker started", extra={
             "grpc_port": cfg.grpc_port, "health_port": cfg.grpc_health_port, "metrics_port": cfg.metrics_port,
             "secure_serving": cfg.secure_serving, "endpoints": len(self.datastore),
         })
+
+    def _supervise(self, name: str, run: Callable[[], Awaitable[object]]) -> None:
+        sup = supervise(name, run)
+        self.supervised.append(sup)
+        self.background.append(sup.task)
 
     async def stop(self, grace: float = 2.0) -> None:
         self.health.shutting_down = True
@@ -125,5 +138,4 @@ class App:
             await self.tokenizer.close()
         await asyncio.gather(*(s.stop(grace) for s in self._servers), return_exceptions=True)
         if self._metrics_server is not None:
-            server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
-            server.shutdown()
+            await self._metrics_server.cleanup()

@@ -166,7 +166,10 @@ class MetricsScraper:
         url = self._url(ep)
         next_at = self._clock()
         while True:
-            await self.scrape_once(ep, url)
+            try:
+                await self.scrape_once(ep, url)
+            except Exception:  # a fault in our own handling of a scrape: log it, keep polling
+                log.exception("metrics scrape handling failed", extra={"endpoint": ep.key})
             next_at += interval
             now = self._clock()
             if next_at < now:
