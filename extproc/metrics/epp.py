@@ -17,6 +17,7 @@ EPP's dashboards).
 | inference_extension_prefix_indexer_size | gauge | - ((endpoint, block) entries) |
 | prefix_epp_prefix_index_bytes | gauge | - (estimated memory of the index) |
 | prefix_epp_inflight_requests | gauge | endpoint |
+| prefix_epp_open_streams | gauge | - (ext_proc streams open now) |
 | inference_pool_ready_pods | gauge | name |
 | inference_pool_average_kv_cache_utilization | gauge | name (fresh scrapes only, as the Go EPP) |
 | inference_pool_average_queue_size | gauge | name (vllm:num_requests_waiting, fresh scrapes only) |
@@ -58,7 +59,8 @@ _STALENESS_S = EppConfig().metrics_staleness_threshold_s
 
 class _StateCollector(Collector):
     def __init__(self, datastore: Datastore, index: PrefixIndex | None, pool_name: str,
-                 staleness_s: float = _STALENESS_S) -> None:
+                 staleness_s: float = _STALENESS_S, open_streams: Callable[[], int] = lambda: 0) -> None:
+        self._open_streams = open_streams
         self._ds = datastore
         self._index = index
         self._pool = pool_name
@@ -72,6 +74,7 @@ class _StateCollector(Collector):
         for ep in self._ds.snapshot():
             inflight.add_metric([ep.key], ep.inflight)
         yield inflight
+        yield GaugeMetricFamily("prefix_epp_open_streams", "ext_proc streams open now", value=self._open_streams())
         ready = GaugeMetricFamily("inference_pool_ready_pods", "Endpoints the picker may route to",
                                   labels=["name"])
         ready.add_metric([self._pool], len(self._ds))
@@ -132,7 +135,8 @@ class EppMetrics:
         self._hit_ratio = Histogram(
             "inference_extension_prefix_indexer_hit_ratio", "Matched share of prompt blocks on the chosen endpoint",
             buckets=RATIO_BUCKETS, registry=r)
-        r.register(_StateCollector(datastore, index, pool_name, metrics_staleness_s))
+        self.open_streams = 0  # ext_proc streams open now (extproc/server/grpc_server.py)
+        r.register(_StateCollector(datastore, index, pool_name, metrics_staleness_s, lambda: self.open_streams))
         self._prediction_error = Histogram(
             "prefix_epp_cached_tokens_prediction_error_tokens",
             "Absolute error of the predicted cached prompt tokens on the chosen endpoint (closed loop)",

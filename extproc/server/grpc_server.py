@@ -37,8 +37,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
         processor = StreamProcessor(self._director, self._metrics, self._explain, self._budget)
-        async for resp in processor.run(request_iterator):
-            yield resp
+        self._metrics.open_streams += 1
+        try:
+            async for resp in processor.run(request_iterator):
+                yield resp
+        finally:
+            self._metrics.open_streams -= 1
 
 
 async def start_servers(

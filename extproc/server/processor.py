@@ -70,14 +70,16 @@ _refused_modes_logged: set[int] = set()
 
 
 class StreamProcessor:
-    __slots__ = ("_body", "_body_bytes", "_body_done", "_budget", "_director", "_endpoint", "_explain", "_metrics",
-                 "_new_request_id", "_request_mode", "_reserved", "_response_mode", "_usage", "ctx", "decision")
+    __slots__ = ("_body", "_body_bytes", "_body_done", "_budget", "_director", "_endpoint", "_explain",
+                 "_headers_seen", "_metrics", "_new_request_id", "_request_mode", "_reserved", "_response_mode",
+                 "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
                  budget: BodyBudget | None = None) -> None:
         self._director = director
         self._budget = budget
         self._reserved = 0
+        self._headers_seen = False
         self._metrics = metrics
         self._explain = explain
         self.ctx = RequestContext()
@@ -141,6 +143,9 @@ class StreamProcessor:
 
     # -- request path ------------------------------------------------------------------------
     def on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if self._headers_seen:  # one request per stream: a repeated headers message changes nothing
+            return []
+        self._headers_seen = True
         ctx = self.ctx
         bad_header = ""
         declared = ""
