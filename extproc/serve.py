@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import signal
 from dataclasses import replace
 from typing import Any
@@ -171,36 +172,39 @@ def _kv_events_from_args(args: argparse.Namespace) -> KVEventsConfig:
     )
 
 
-def _validate_kv_events(k: KVEventsConfig) -> None:
+def validate(config: EppConfig) -> None:
+    """Refuse to start on any invalid flag or config field, naming it (extproc/validate.py)."""
     from pathlib import Path
 
-    if min(k.port, k.dp_size, k.block_size, k.index_capacity, k.max_blocks) < 1 or k.replay_port < 0:
-        raise SystemExit("prefix-epp serve: --kv-events-* ports, sizes and capacities must be >= 1 "
-                         "(--kv-events-replay-port >= 0)")
-    if k.tokenizer not in ("builtin", "remote") and not Path(k.tokenizer).is_file():
-        raise SystemExit(f"prefix-epp serve: --tokenizer {k.tokenizer}: no such file (or builtin, remote)")
-
-
-def validate(config: EppConfig) -> None:
-    if not config.endpoints and not config.pool_name:
-        raise SystemExit("prefix-epp serve: give --endpoints or --pool-name")
-    if config.max_endpoints < 1:
-        raise SystemExit("prefix-epp serve: --max-endpoints must be >= 1")
-    if config.max_request_body_bytes < 1:
-        raise SystemExit("prefix-epp serve: --max-request-body-bytes must be >= 1")
-    if config.refresh_metrics_interval_s < 0 or config.metrics_staleness_threshold_s <= 0:
-        raise SystemExit("prefix-epp serve: --refresh-metrics-interval must be >= 0 and "
-                         "--metrics-staleness-threshold > 0")
-    _validate_kv_events(config.kv_events)
     from extproc.discovery.pool import PoolError, pool_version
     from extproc.scheduling.config_loader import ConfigError, load_config
+    from extproc.validate import check, overridden, profile_conflicts
 
+    if not config.endpoints and not config.pool_name:
+        raise SystemExit("prefix-epp serve: give --endpoints or --pool-name")
+    k = config.kv_events
+    if k.tokenizer not in ("builtin", "remote") and not Path(k.tokenizer).is_file():
+        raise SystemExit(f"prefix-epp serve: --tokenizer {k.tokenizer}: no such file (or builtin, remote)")
+    problems = check(config)  # the flags as given: name the flag even if the config file would change it
+    if problems:
+        raise SystemExit("prefix-epp serve: " + "; ".join(problems))
     try:
         if config.pool_name:
             pool_version(config.pool_group)
-        load_config(config)
+        loaded, profile = load_config(config)
     except (ConfigError, PoolError) as exc:
         raise SystemExit(f"prefix-epp serve: {exc}") from None
+    problems = check(loaded)
+    if problems:
+        source = "--config-file" if config.config_file else "--config-text"
+        raise SystemExit(f"prefix-epp serve: after applying {source}: " + "; ".join(problems))
+    if profile is not None and (conflicts := profile_conflicts(config)):
+        raise SystemExit(f"prefix-epp serve: {', '.join(conflicts)} cannot apply: the EndpointPickerConfig defines "
+                         "the scheduling profile; set the scorers and their weights there")
+    for flag, given, final in overridden(config, loaded):
+        logging.getLogger("prefix_epp").warning(
+            "the EndpointPickerConfig overrides a flag", extra={"flag": flag, "flag_value": given,
+                                                               "config_value": final})
 
 
 async def serve(config: EppConfig) -> None:
