@@ -141,6 +141,26 @@ async def test_forged_destination_header_is_ignored(default_stack: Stack) -> Non
             assert "x-gateway-destination-endpoint-subset" not in seen
 
 
+@pytest.mark.parametrize("fail_open", [False, True])
+async def test_forged_destination_header_steers_nothing_while_the_picker_is_down(
+        tmp_path: Path, fail_open: bool) -> None:
+    """With the picker down nothing overwrites a forged header: only routing on the picker's
+    metadata (never on the request header) keeps the client from choosing the backend. Fail-open
+    makes Envoy forward such requests, so a header-routed cluster would serve them (Envoy honours
+    fail-open only outside FULL_DUPLEX_STREAMED, hence BUFFERED there)."""
+    mode = "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED"
+    with stack(tmp_path, 2, failure_mode_allow=fail_open, request_body_mode=mode) as st:
+        url = f"{st.url}/v1/completions"
+        target = st.backends[1]
+        async with aiohttp.ClientSession() as s:
+            assert (await post(s, url, completion("up"))).status == 200
+            st.picker.stop()
+            forged = {"x-gateway-destination-endpoint": target, "x-gateway-destination-endpoint-subset": target}
+            for _ in range(5):
+                r = await post(s, url, completion("while down"), headers=forged)
+                assert r.served_by == "" and r.status in (500, 503), (r.status, r.served_by)
+
+
 async def test_sse_stream_passes_through_as_it_is_produced(default_stack: Stack) -> None:
     async with aiohttp.ClientSession() as s:
         payload = {"model": "m", "prompt": "stream please", "stream": True}

@@ -28,12 +28,12 @@ def envoy_binary() -> str:
 @contextlib.contextmanager
 def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_mode: str = "FULL_DUPLEX_STREAMED",
               process_responses: bool = True, name: str = "envoy",
-              endpoints: tuple[str, ...] = ()) -> Iterator[tuple[Proc, int, int]]:
+              endpoints: tuple[str, ...] = (), failure_mode_allow: bool = False) -> Iterator[tuple[Proc, int, int]]:
     """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections."""
     listen, admin = free_port(), free_port()
     cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
                        request_body_mode=request_body_mode, process_responses=process_responses,
-                       endpoints=endpoints)
+                       endpoints=endpoints, failure_mode_allow=failure_mode_allow)
     path = tmp / f"{name}.yaml"
     path.write_text(render(cfg))
     args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning",
