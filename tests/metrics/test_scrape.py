@@ -83,7 +83,7 @@ async def test_scrapes_update_the_datastore_and_tune_the_index(engines: dict[int
         await wait_for(lambda: ep.metrics is not None and ep.metrics.ok)
         assert ep.metrics is not None
         assert (ep.metrics.waiting, ep.metrics.running, ep.metrics.kv_usage) == (4, 2, 0.5)
-        assert time.monotonic() - ep.metrics.updated_at < 0.5
+        assert time.monotonic() - ep.metrics.updated_at < 5.0  # a recent scrape (the loop may lag)
         assert index.capacity(ep.key) == 2000 * 16 * 4 // 64  # auto-tuned
         engines[ports[0]].body = exposition(9, 1, 0.9, num_gpu_blocks=500)
         await wait_for(lambda: ep.metrics is not None and ep.metrics.waiting == 9)
