@@ -6,12 +6,18 @@ creates its own dependencies behind the caller's back.
 Peer sync (extproc/sync/, `--sync-port`) is reached by the request path only through the index
 listeners registered here; readiness waits for discovery and for the warm start. Stopping is two
 steps: `drain()` (readiness NOT_SERVING, open streams finish, extproc/drain.py), then `stop()`.
+
+What runs where: everything runs on one asyncio event loop (the gRPC servers, the background
+loops, /metrics collection), so the datastore and indexes need no locks. Only the Kubernetes
+watches read their HTTP streams on threads and hand events to the loop (extproc/discovery/).
+Background loops run supervised (extproc/supervise.py): a crash is logged and the loop restarts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,14 +31,17 @@ from extproc.drain import StreamTracker
 from extproc.kvevents.manager import KVEventsManager, kv_events_wanted
 from extproc.kvevents.metrics import KVEventsCollector
 from extproc.metrics.epp import EppMetrics
+from extproc.metrics.http import start_metrics_server
 from extproc.metrics.scrape import MetricsScraper
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import Profile, build_scheduler, default_profile
 from extproc.scheduling.config_loader import load_config
 from extproc.scheduling.saturation import UtilizationDetector
 from extproc.scheduling.scheduler import Scheduler
+from extproc.server.body_budget import BodyBudget
 from extproc.server.grpc_server import start_servers
 from extproc.server.health import HealthServicer
+from extproc.supervise import Supervised, supervise
 from extproc.tokenize import Tokenizer, make_tokenizer
 from extproc.workers import WorkerRole
 
@@ -55,6 +64,7 @@ class App:
     director: Director = field(init=False)
     metrics: EppMetrics = field(init=False)
     health: HealthServicer = field(init=False)
+    body_budget: BodyBudget = field(init=False)  # buffered request bytes of all streams
     detector: UtilizationDetector = field(init=False)
     discovery: KubernetesDiscovery | None = field(init=False, default=None)
     scraper: MetricsScraper | None = field(init=False, default=None)
@@ -64,6 +74,7 @@ class App:
     peer_pods: PeerPods | None = field(init=False, default=None)
     streams: StreamTracker = field(default_factory=StreamTracker)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
+    supervised: list[Supervised] = field(default_factory=list)
     _servers: list[grpc.aio.Server] = field(default_factory=list)
     _metrics_server: Any = None
 
@@ -88,13 +99,17 @@ class App:
         self.director = Director(cfg, self.datastore, self.scheduler, admission=self.detector.admit,
                                  priority_of=self.discovery.priority_of if self.discovery else None,
                                  precise=self.kv_events, tokenizer=self.tokenizer)
-        self.metrics = EppMetrics(self.datastore, self.index, cfg.pool_name, cfg.metrics_staleness_threshold_s)
+        self.metrics = EppMetrics(self.datastore, self.index, cfg.pool_name, cfg.metrics_staleness_threshold_s,
+                                  cfg.model_names)
+        if self.scraper is not None:
+            self.scraper.on_models = self.metrics.models.learn  # engines' model names keep their label
         self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/server/usage.py)
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
         if cfg.sync.port or self.role.count > 1:
             self._wire_sync()
         self.health = HealthServicer(self._ready)
+        self.body_budget = BodyBudget(cfg.max_buffered_bytes)
 
     def _wire_sync(self) -> None:
         from extproc.sync.manager import PeerSync, load_secret
@@ -125,33 +140,34 @@ class App:
         if cfg.endpoints:
             load_static(self.datastore, cfg.endpoints)
         if self.discovery is not None:
-            self.background.append(asyncio.create_task(self.discovery.run(), name="discovery"))
+            self._supervise("discovery", self.discovery.run)
         if self.scraper is not None:
-            self.background.append(asyncio.create_task(self.scraper.run(), name="metrics-scraper"))
+            self._supervise("metrics-scraper", self.scraper.run)
         if self.kv_events is not None:
-            self.background.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
+            self._supervise("kv-events", self.kv_events.run)
         if self.sync is not None:
             await self.sync.start()
             if self.peer_pods is not None:
-                self.background.append(asyncio.create_task(self.peer_pods.run(), name="peer-pods"))
+                self._supervise("peer-pods", self.peer_pods.run)
             self.background.append(asyncio.create_task(self.sync.warm_start(), name="warm-start"))
         first = self.role.index == 0
         self._servers = await start_servers(
             self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
             health_port=cfg.grpc_health_port if first else 0, secure=cfg.secure_serving, cert_path=cfg.cert_path,
             explain=cfg.explain_decisions, streams=self.streams, reuse_port=self.role.count > 1,
+            budget=self.body_budget,
         )
         if cfg.metrics_port:
-            from prometheus_client import start_http_server
-
-            from extproc.metrics.pod import pod_registry
+            from extproc.metrics.pod import pod_renderer
 
             if not first:  # read by worker 0 only (extproc/metrics/pod.py)
-                self._metrics_server = start_http_server(self.role.metrics_port, "127.0.0.1", self.metrics.registry)
+                self._metrics_server = await start_metrics_server(self.metrics.registry, "127.0.0.1",
+                                                                  self.role.metrics_port)
             else:
-                registry = (pod_registry(self.metrics.registry, self.role.sibling_metrics) if self.role.count > 1
-                            else self.metrics.registry)
-                self._metrics_server = start_http_server(cfg.metrics_port, cfg.bind_address, registry)
+                render = (pod_renderer(self.metrics.registry, self.role.sibling_metrics) if self.role.count > 1
+                          else None)
+                self._metrics_server = await start_metrics_server(self.metrics.registry, cfg.bind_address,
+                                                                  cfg.metrics_port, render)
         log.info("picker started", extra={
             "grpc_port": cfg.grpc_port, "health_port": cfg.grpc_health_port, "metrics_port": cfg.metrics_port,
             "secure_serving": cfg.secure_serving, "endpoints": len(self.datastore),
@@ -167,6 +183,11 @@ class App:
         log.info("drained" if done else "drain cut short", extra={"open_streams": self.streams.open})
         return done
 
+    def _supervise(self, name: str, run: Callable[[], Awaitable[object]]) -> None:
+        sup = supervise(name, run)
+        self.supervised.append(sup)
+        self.background.append(sup.task)
+
     async def stop(self, grace: float = 1.0) -> None:
         self.health.shutting_down = True
         for task in self.background:
@@ -178,5 +199,4 @@ class App:
         if self.sync is not None:
             await self.sync.stop()
         if self._metrics_server is not None:
-            server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
-            server.shutdown()
+            await self._metrics_server.cleanup()

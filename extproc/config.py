@@ -170,10 +170,13 @@ class EppConfig:
     explain_decisions: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)
     # Share of routed requests whose response body the picker asks for (the closed loop of
-    # server/usage.py). A sampled streamed answer costs a round trip per chunk, ~0.09 ms of picker
-    # CPU per token (bench/overhead.py: ~45 ms for 500 tokens against ~2 ms for a request), so 0.2 %
-    # adds ~0.09 ms to the average 500-token request and still gives 720 samples an hour at 100 req/s.
+    # server/usage.py). A sampled streamed answer costs a round trip per chunk, ~0.07 ms of picker
+    # CPU per token (bench/overhead.py: ~37 ms for 500 tokens against ~2 ms for a request), so 0.2 %
+    # adds ~0.07 ms to the average 500-token request and still gives 720 samples an hour at 100 req/s.
     usage_sample_rate: float = 0.002
+    # All streams' buffered bodies together (429 + Retry-After beyond): a quarter of the chart's 2 GiB
+    # memory limit (extproc/server/body_budget.py).
+    max_buffered_bytes: int = 512 * 1024 * 1024
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval_s: float = 0.05
     metrics_staleness_threshold_s: float = 2.0
@@ -191,6 +194,9 @@ class EppConfig:
     drain: DrainConfig = field(default_factory=DrainConfig)
     workers: int = 1  # --workers: picker processes sharing the ext_proc port (extproc/workers.py)
     seed: int | None = None
+    # Model names that keep their own metric label (besides those the engines report); any other
+    # client-chosen name is counted as "other" (extproc/metrics/labels.py).
+    model_names: tuple[str, ...] = ()
 
 
 def defaults_of(cls: type) -> dict[str, object]:

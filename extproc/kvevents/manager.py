@@ -46,6 +46,7 @@ from extproc.datastore import Datastore, Endpoint
 from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.subscriber import Loss, SourceAddress, Subscriber, SubscriberStats
+from extproc.supervise import supervise
 
 log = logging.getLogger("prefix_epp.kvevents")
 
@@ -118,8 +119,8 @@ class KVEventsManager:
         subs = [Subscriber(a, self._ctx, self.index, self.config, self.stats, self._clock,
                            on_heard=self._heard, loss=self._loss) for a in addresses]
         self._subs[ep.key] = subs
-        loop = asyncio.get_running_loop()
-        self._tasks[ep.key] = [loop.create_task(s.run(), name=f"kv-events {s.address.events}") for s in subs]
+        self._tasks[ep.key] = [supervise(f"kv-events {s.address.events}", s.run, restart_on_return=False).task
+                               for s in subs]
         log.info("kv events subscribed", extra={"endpoint": ep.key, "events": [a.events for a in addresses],
                                                 "replay": addresses[0].replay})
 

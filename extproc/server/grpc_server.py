@@ -18,6 +18,7 @@ from extproc.metrics.epp import EppMetrics
 from extproc.pb import external_processor_pb2 as pb
 from extproc.pb import external_processor_pb2_grpc as pb_grpc
 from extproc.pb import health_pb2_grpc
+from extproc.server.body_budget import BodyBudget
 from extproc.server.health import HealthServicer
 from extproc.server.processor import StreamProcessor
 from extproc.server.tls import server_credentials
@@ -31,28 +32,32 @@ _OPTIONS = [
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, director: Director, metrics: EppMetrics, explain: bool, streams: StreamTracker) -> None:
+    def __init__(self, director: Director, metrics: EppMetrics, explain: bool, streams: StreamTracker,
+                 budget: BodyBudget | None) -> None:
         self._director = director
         self._metrics = metrics
         self._explain = explain
         self._streams = streams
+        self._budget = budget
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        processor = StreamProcessor(self._director, self._metrics, self._explain)
+        processor = StreamProcessor(self._director, self._metrics, self._explain, self._budget)
         self._streams.opened()
+        self._metrics.open_streams += 1
         try:
             async for resp in processor.run(request_iterator):
                 yield resp
         finally:
             self._streams.closed()
+            self._metrics.open_streams -= 1
 
 
 async def start_servers(
     director: Director, metrics: EppMetrics, health: HealthServicer, *, bind: str, grpc_port: int,
     health_port: int, secure: bool, cert_path: str, explain: bool, streams: StreamTracker,
-    reuse_port: bool = False,
+    reuse_port: bool = False, budget: BodyBudget | None = None,
 ) -> list[grpc.aio.Server]:
     options = [*_OPTIONS[1:], ("grpc.so_reuseport", 1 if reuse_port else 0)]
     # A BUFFERED request body arrives as one message: allow the largest body the picker accepts.
@@ -64,7 +69,7 @@ async def start_servers(
         # open on the old connection finish there (no grace limit).
         options += [("grpc.max_connection_age_ms", 60_000), ("grpc.max_connection_age_grace_ms", 2**31 - 1)]
     ext = grpc.aio.server(options=options)
-    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain, streams), ext)
+    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain, streams, budget), ext)
     health_pb2_grpc.add_HealthServicer_to_server(health, ext)
     address = f"{bind}:{grpc_port}"
     if secure:

@@ -69,22 +69,19 @@ class Stack:
         return out
 
     def readiness(self) -> int:
-        """The readiness status; a check that times out on a busy machine is asked again."""
+        """The readiness status; -1 when the check does not answer in time (a busy machine)."""
         with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as ch:
             req = health_pb2.HealthCheckRequest(service="readiness")
-            for attempt in range(5):
-                try:
-                    return int(health_pb2_grpc.HealthStub(ch).Check(req, timeout=2.0).status)
-                except grpc.RpcError as exc:
-                    if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or attempt == 4:  # type: ignore[attr-defined]
-                        raise
-            raise AssertionError("unreachable")
+            try:
+                return int(health_pb2_grpc.HealthStub(ch).Check(req, timeout=5.0).status)
+            except grpc.RpcError:
+                return -1
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-def until(cond: Callable[[], bool], timeout: float = 10.0) -> float:
+def until(cond: Callable[[], bool], timeout: float = 30.0) -> float:
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > timeout:
