@@ -151,12 +151,7 @@ class App:
                 self._supervise("peer-pods", self.peer_pods.run)
             self.background.append(asyncio.create_task(self.sync.warm_start(), name="warm-start"))
         first = self.role.index == 0
-        self._servers = await start_servers(
-            self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
-            health_port=cfg.grpc_health_port if first else 0, secure=cfg.secure_serving, cert_path=cfg.cert_path,
-            explain=cfg.explain_decisions, streams=self.streams, reuse_port=self.role.count > 1,
-            budget=self.body_budget,
-        )
+        # /metrics first: once the health port answers, every port the pod declares does.
         if cfg.metrics_port:
             from extproc.metrics.pod import pod_renderer
 
@@ -168,6 +163,12 @@ class App:
                           else None)
                 self._metrics_server = await start_metrics_server(self.metrics.registry, cfg.bind_address,
                                                                   cfg.metrics_port, render)
+        self._servers = await start_servers(
+            self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
+            health_port=cfg.grpc_health_port if first else 0, secure=cfg.secure_serving, cert_path=cfg.cert_path,
+            explain=cfg.explain_decisions, streams=self.streams, reuse_port=self.role.count > 1,
+            budget=self.body_budget,
+        )
         log.info("picker started", extra={
             "grpc_port": cfg.grpc_port, "health_port": cfg.grpc_health_port, "metrics_port": cfg.metrics_port,
             "secure_serving": cfg.secure_serving, "endpoints": len(self.datastore),

@@ -160,6 +160,7 @@ async def test_picker_and_simulator_start_from_the_image_and_route(
                 status = stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=10).status
                 time.sleep(0.05)
             assert status == health_pb2.HealthCheckResponse.SERVING, picker_proc.log_text()
+        wait_for_port(metrics_port, timeout=30)  # served after the gRPC ports open
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
             assert b"prefix_epp" in r.read()
         with run_envoy(tmp_path, grpc_port, epp_tls=True) as (_, listen, _admin):
