@@ -137,3 +137,9 @@ def test_real_envoy_accepts_every_wiring(tmp_path: Path, body_mode: str, respons
         proc = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)], capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_streams_end_with_a_half_close_not_a_reset() -> None:
+    cfg = build_config(8081, "127.0.0.1:9002")
+    [layer] = cfg["layered_runtime"]["layers"]
+    assert layer["static_layer"] == {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}

@@ -19,6 +19,7 @@ EPP's dashboards).
 | prefix_epp_prefix_index_bytes | gauge | - (estimated memory of the index) |
 | prefix_epp_inflight_requests | gauge | endpoint |
 | prefix_epp_open_streams | gauge | - (ext_proc streams open now) |
+| prefix_epp_extproc_streams_total | counter | end (closed: half-closed by the proxy; reset: cancelled) |
 | inference_pool_ready_pods | gauge | name |
 | inference_pool_average_kv_cache_utilization | gauge | name (fresh scrapes only, as the Go EPP) |
 | inference_pool_average_queue_size | gauge | name (vllm:num_requests_waiting, fresh scrapes only) |
@@ -153,6 +154,8 @@ class EppMetrics:
         self._messages = Counter("prefix_epp_extproc_messages", "ext_proc messages received from the proxy",
                                  ["kind"], registry=r)
         self._message_children = {kind: self._messages.labels(kind) for kind in MESSAGE_KINDS}
+        streams = Counter("prefix_epp_extproc_streams", "ext_proc streams by how they ended", ["end"], registry=r)
+        self._stream_ends = (streams.labels("closed"), streams.labels("reset"))
         self._children: dict[tuple[object, ...], Any] = {}
         self.observe_decision: Callable[[float], None] = self._decision.observe
         self.observe_hit_ratio: Callable[[float], None] = self._hit_ratio.observe
@@ -164,6 +167,10 @@ class EppMetrics:
             child = metric.labels(*key)
             self._children[full] = child
         return child
+
+    def stream_ended(self, reset: bool) -> None:
+        """One ext_proc stream ended: closed by the proxy's half-close, or reset (cancelled)."""
+        self._stream_ends[reset].inc()
 
     def count_message(self, kind: str | None) -> None:
         """One ext_proc message from the proxy (per message: a dict lookup and an increment)."""

@@ -46,12 +46,15 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         processor = StreamProcessor(self._director, self._metrics, self._explain, self._budget)
         self._streams.opened()
         self._metrics.open_streams += 1
+        reset = True  # until the proxy's half-close ends the requests: a reset (or a fault)
         try:
             async for resp in processor.run(request_iterator):
                 yield resp
+            reset = False
         finally:
             self._streams.closed()
             self._metrics.open_streams -= 1
+            self._metrics.stream_ended(reset)
 
 
 async def start_servers(

@@ -73,6 +73,9 @@ async def test_streamed_answer_passes_by_the_picker_which_still_sees_its_end(tmp
         assert messages(after, "response_body") == 0  # not one of the ~200 chunks went through the picker
         assert messages(after, "response_headers") == 0  # not asked for either (no --explain-decisions)
         assert messages(after, "request_headers") == 1
+        # Envoy half-closed the stream (the generated config's graceful close), it did not reset it.
+        ended = await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed") == 1)
+        assert value(ended, "prefix_epp_extproc_streams_total", end="reset") == 0
 
 
 async def test_sampled_responses_feed_the_closed_loop_and_the_others_skip_the_picker(tmp_path: Path) -> None:
