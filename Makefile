@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint typecheck unit demo bench protos clean
+.PHONY: all test lint typecheck unit demo bench protos peers clean
 
 all: test
 
@@ -23,7 +23,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy extproc tests bench protos
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) lint typecheck peers
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 unit: $(STAMP)
@@ -34,6 +34,12 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# Go binaries (kube-apiserver + etcd for the API tests, the Go endpoint picker for the benchmark),
+# built from source once and cached outside the repository (bench/peers/README.md).
+peers:
+	bash bench/peers/build.sh kube >/dev/null
+	bash bench/peers/build.sh gie-epp >/dev/null
 
 protos: $(STAMP)
 	$(PY) protos/generate.py
