@@ -115,6 +115,10 @@ class EppConfig:
     max_endpoints: int = 1
     explain_decisions: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)
+    # Share of routed requests whose response body the picker asks for (the closed loop of
+    # server/usage.py); every sampled streamed token costs a round trip (bench/overhead.py), 1 % of
+    # requests is one sample a second at 100 req/s.
+    usage_sample_rate: float = 0.01
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval_s: float = 0.05
     metrics_staleness_threshold_s: float = 2.0

@@ -10,9 +10,13 @@ route(ctx):
    into token-block keys for the precise index; then run the scheduler.
 6. Count the request in flight on the chosen endpoint until `complete()`.
 
-A remote tokenizer is awaited in `prepare(ctx, body)`, which the processor calls once the body is
-complete and before `route`; local tokenizers run inside `route`. `track_usage(ctx, decision)`
-starts the closed loop for the response (extproc/server/usage.py) when `feedback` is set.
+In precise mode the processor awaits `prepare(ctx, body)` once the body is complete and before
+`route`: it parses the body and tokenizes it off the event loop (local tokenizers in a worker
+thread, extproc/tokenize.py; the remote one over HTTP), so a 7,200-token prompt never stalls other
+streams. `route` tokenizes in line only when `prepare` was not called (in-process callers). `track_usage(ctx, decision)`
+starts the closed loop for the response (extproc/server/usage.py) when `feedback` is set and the
+usage sampler (`--usage-sample-rate`) picks the request; only then does the processor ask the proxy
+for the response body.
 
 Bodiless requests (GET /v1/models) skip 1, 4 and 5: a random candidate is chosen.
 """
@@ -32,7 +36,7 @@ from extproc.prefix.hashing import block_hashes
 from extproc.request.openai import ParsedRequest, api_from_path, parse_request
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.scheduler import Decision, Scheduler
-from extproc.server.usage import Prediction, Report, UsageTracker, matched_bytes
+from extproc.server.usage import Prediction, Report, UsageSampler, UsageTracker, matched_bytes
 from extproc.tokenize import Tokenizer
 
 Admission = Callable[[SchedulingRequest, Sequence[Endpoint]], None]
@@ -92,6 +96,7 @@ class Director:
         self.precise = precise
         self.tokenizer = tokenizer if precise is not None else None
         self.feedback: Report | None = None  # closed-loop reporter (EppMetrics.observe_cached_prediction)
+        self.usage_sampler = UsageSampler(config.usage_sample_rate)
 
     def candidates(self, ctx: RequestContext) -> list[Endpoint]:
         endpoints: list[Endpoint] = list(self.datastore.snapshot())
@@ -145,10 +150,14 @@ class Director:
     # -- precise prefix routing and the closed loop --------------------------------------------
     @property
     def tokenizes_async(self) -> bool:
-        return self.tokenizer is not None and self.tokenizer.is_async
+        """True when routing needs `prepare` first: precise mode tokenizes off the event loop."""
+        return self.tokenizer is not None
 
     async def prepare(self, ctx: RequestContext, body: bytes) -> None:
-        """Parse and tokenize with the asynchronous tokenizer; errors surface later in `route`."""
+        """Parse, then tokenize off the event loop (a worker thread, or the engine's /tokenize).
+
+        Errors surface later in `route`.
+        """
         if self.tokenizer is None:
             return
         try:
@@ -168,8 +177,11 @@ class Director:
         return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)
 
     def track_usage(self, ctx: RequestContext, decision: Decision) -> UsageTracker | None:
-        """Closed loop for this response: compare the engine's cached_tokens with the predictions."""
-        if self.feedback is None or ctx.parsed is None:
+        """Closed loop for this response, when sampled: the engine's cached_tokens vs the predictions.
+
+        None (the response body is not wanted) unless the usage sampler picks this request.
+        """
+        if self.feedback is None or ctx.parsed is None or not self.usage_sampler.take():
             return None
         segments = [len(s) for s in ctx.parsed.segments]
         ep = decision.primary

@@ -1,8 +1,27 @@
 """`prefix-epp envoy-config`: print a working static Envoy configuration for the picker.
 
-The listener runs the ext_proc filter in the Inference Extension's modes (request and response
-bodies FULL_DUPLEX_STREAMED, trailers SEND; `--request-body-mode buffered` for BUFFERED) and
-routes on the `envoy.lb` dynamic metadata the picker returns:
+The listener runs the ext_proc filter with request headers and body (`--request-body-mode`:
+BUFFERED by default, or FULL_DUPLEX_STREAMED, the Inference Extension's mode) and routes on the
+`envoy.lb` dynamic metadata the picker returns. BUFFERED sends the body to the picker once, in one
+message, with nothing to stream back (bench/overhead.py: less picker CPU per request than full
+duplex, the gap growing with the body), and it is the mode in which Envoy honours the picker's
+per-request `mode_override` (Envoy ignores it while a body mode is FULL_DUPLEX_STREAMED). Envoy
+holds a buffered body up to the listener's per-connection buffer limit, set to
+`--max-request-body-bytes` (413 above it). Responses (`--response-processing`):
+
+- `headers-trailers` (default): response headers and trailers SEND, body NONE. The picker is off
+  the token stream (its cost per request does not grow with the answer's length) and still sees
+  the response end: Envoy keeps the ext_proc stream open until the response is complete when the
+  trailer mode is SEND, and the stream's end releases the in-flight count. With BUFFERED request
+  bodies the picker asks for the response body of a sampled share of requests
+  (`prefix-epp serve --usage-sample-rate`) by `mode_override`; with FULL_DUPLEX_STREAMED request
+  bodies Envoy ignores `mode_override` and the closed loop sees no responses.
+- `full-duplex`: the Inference Extension's reference configuration: every response chunk makes a
+  round trip through the picker (about 0.1 ms of picker CPU per streamed token).
+- `none`: no response processing; Envoy ends the ext_proc stream once the request is forwarded,
+  so in-flight counts drop before the response even starts (not a supported setup).
+
+Upstream routing:
 
 - without `--endpoints`: an ORIGINAL_DST cluster reads the destination from the metadata, so any
   pod IP the picker discovers is reachable. It takes a single `ip:port` (use --max-endpoints 1).
@@ -23,29 +42,44 @@ from typing import Any
 
 import yaml
 
+from extproc.config import EppConfig
 from extproc.datastore import split_host_port
 from extproc.serve import parse_bool
 from extproc.server.health import EXT_PROC_SERVICE
 from extproc.server.responses import DESTINATION_HEADER, LB_NAMESPACE
 
 _TYPE = "@type"
+_MAX_BODY = EppConfig().max_request_body_bytes
+
+
+RESPONSE_PROCESSING = ("headers-trailers", "full-duplex", "none")
+REQUEST_BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
+
+
+def processing_mode(request_body_mode: str, response_processing: str) -> dict[str, str]:
+    """The ext_proc filter's static processing_mode (see the module docstring)."""
+    if request_body_mode not in REQUEST_BODY_MODES:
+        raise ValueError(f"request body mode must be one of {REQUEST_BODY_MODES}, got {request_body_mode!r}")
+    if response_processing not in RESPONSE_PROCESSING:
+        raise ValueError(f"response processing must be one of {RESPONSE_PROCESSING}, got {response_processing!r}")
+    responses = response_processing != "none"
+    return {
+        "request_header_mode": "SEND",
+        "request_body_mode": request_body_mode,
+        "request_trailer_mode": "SEND" if request_body_mode == "FULL_DUPLEX_STREAMED" else "SKIP",
+        "response_header_mode": "SEND" if responses else "SKIP",
+        "response_body_mode": "FULL_DUPLEX_STREAMED" if response_processing == "full-duplex" else "NONE",
+        "response_trailer_mode": "SEND" if responses else "SKIP",
+    }
 
 
 def build_config(
     listen_port: int, epp: str, admin_port: int = 0, *, listen_address: str = "127.0.0.1",
-    epp_tls: bool = True, request_body_mode: str = "FULL_DUPLEX_STREAMED", process_responses: bool = True,
+    epp_tls: bool = True, request_body_mode: str = "BUFFERED",
+    response_processing: str = "headers-trailers", max_request_body_bytes: int = _MAX_BODY,
     route_timeout_s: int = 86400, failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     epp_host, epp_port = split_host_port(epp)
-    response_body_mode = "FULL_DUPLEX_STREAMED" if process_responses else "NONE"
-    processing_mode: dict[str, str] = {
-        "request_header_mode": "SEND",
-        "request_body_mode": request_body_mode,
-        "request_trailer_mode": "SEND" if request_body_mode == "FULL_DUPLEX_STREAMED" else "SKIP",
-        "response_header_mode": "SEND" if process_responses else "SKIP",
-        "response_body_mode": response_body_mode,
-        "response_trailer_mode": "SEND" if process_responses else "SKIP",
-    }
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -53,7 +87,7 @@ def build_config(
             "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
             "failure_mode_allow": failure_mode_allow,
             "message_timeout": "1000s",
-            "processing_mode": processing_mode,
+            "processing_mode": processing_mode(request_body_mode, response_processing),
             "allow_mode_override": True,
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
         },
@@ -120,6 +154,10 @@ def build_config(
             "listeners": [{
                 "name": "inference",
                 "address": {"socket_address": {"address": listen_address, "port_value": listen_port}},
+                # BUFFERED request bodies are held by Envoy up to this limit (413 above it); the
+                # default 1 MiB would refuse long prompts the picker accepts.
+                **({"per_connection_buffer_limit_bytes": max_request_body_bytes}
+                   if request_body_mode == "BUFFERED" else {}),
                 "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                                 "typed_config": hcm}]}],
             }],
@@ -185,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
     print(render(build_config(
         args.listen_port, args.epp, args.admin_port, listen_address=args.listen_address, epp_tls=args.epp_tls,
         request_body_mode=args.request_body_mode.upper().replace("-", "_"),
-        process_responses=args.process_responses, failure_mode_allow=args.failure_mode_allow,
+        response_processing=args.response_processing, max_request_body_bytes=args.max_request_body_bytes,
+        failure_mode_allow=args.failure_mode_allow,
         endpoints=tuple(e.strip() for e in args.endpoints.split(",") if e.strip()),
     )), end="")
     return 0
@@ -200,10 +239,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--admin-port", type=int, default=0, help="Envoy admin port (0: no admin interface)")
     p.add_argument("--epp-tls", type=parse_bool, nargs="?", const=True, default=True, metavar="BOOL",
                    help="talk TLS to the picker (match prefix-epp serve --secure-serving)")
-    p.add_argument("--request-body-mode", choices=["full-duplex-streamed", "buffered"],
-                   default="full-duplex-streamed", help="ext_proc request body mode")
-    p.add_argument("--process-responses", type=parse_bool, nargs="?", const=True, default=True, metavar="BOOL",
-                   help="send response headers, bodies and trailers to the picker (reference config)")
+    p.add_argument("--request-body-mode", choices=["buffered", "full-duplex-streamed"], default="buffered",
+                   help="ext_proc request body mode: buffered (Envoy then honours the picker's per-request "
+                        "mode_override) or the Inference Extension's full-duplex-streamed")
+    p.add_argument("--response-processing", choices=RESPONSE_PROCESSING, default="headers-trailers",
+                   help="what of each response the picker sees: headers and trailers (default; sampled bodies "
+                        "with buffered request bodies), every body chunk (the reference full-duplex config), "
+                        "or nothing")
+    p.add_argument("--max-request-body-bytes", type=int, default=_MAX_BODY,
+                   help="with buffered request bodies, Envoy's per-connection buffer limit (match the picker's)")
     p.add_argument("--failure-mode-allow", type=parse_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="let requests through unrouted when the picker fails (ORIGINAL_DST then returns 503)")
     p.add_argument("--endpoints", default="",

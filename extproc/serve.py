@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="endpoints returned per request, best first (>1: fallbacks)")
     g.add_argument("--max-request-body-bytes", type=int, default=_D.max_request_body_bytes,
                    help="larger request bodies are refused with 413 (the picker buffers the body)")
+    g.add_argument("--usage-sample-rate", type=float, default=_D.usage_sample_rate,
+                   help="share of requests whose response body the picker asks for, to compare predicted "
+                        "and reported cached tokens (0..1; needs a gateway that honours mode_override)")
     _bool_flag(g, "--explain-decisions", _D.explain_decisions,
                "add an x-prefix-epp-decision response header with the scores")
     _bool_flag(g, "--disable-endpoint-subset-filter", _D.disable_endpoint_subset_filter,
@@ -107,7 +110,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         bind_address=args.bind_address, secure_serving=args.secure_serving, cert_path=args.cert_path,
         endpoints=endpoints, pool_name=args.pool_name, pool_namespace=args.pool_namespace,
         pool_group=args.pool_group, kubeconfig=args.kubeconfig, max_endpoints=args.max_endpoints,
-        max_request_body_bytes=args.max_request_body_bytes,
+        max_request_body_bytes=args.max_request_body_bytes, usage_sample_rate=args.usage_sample_rate,
         explain_decisions=args.explain_decisions, disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         refresh_metrics_interval_s=args.refresh_metrics_interval,
         metrics_staleness_threshold_s=args.metrics_staleness_threshold,
@@ -182,6 +185,8 @@ def validate(config: EppConfig) -> None:
         raise SystemExit("prefix-epp serve: --max-endpoints must be >= 1")
     if config.max_request_body_bytes < 1:
         raise SystemExit("prefix-epp serve: --max-request-body-bytes must be >= 1")
+    if not 0.0 <= config.usage_sample_rate <= 1.0:
+        raise SystemExit("prefix-epp serve: --usage-sample-rate must be within [0, 1]")
     if config.refresh_metrics_interval_s < 0 or config.metrics_staleness_threshold_s <= 0:
         raise SystemExit("prefix-epp serve: --refresh-metrics-interval must be >= 0 and "
                          "--metrics-staleness-threshold > 0")

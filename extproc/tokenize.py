@@ -17,6 +17,15 @@ What is tokenized: a completions `prompt` (a string, a list of token ids, or a o
 either) and chat `messages` (with `add_generation_prompt`, default true). Anything else, a batch of
 prompts, or a tokenizer error gives None: the request is then scored by the approximate index.
 
+Off the event loop (`encode_async`, what the director awaits in precise mode): the builtin
+tokenizer encodes in chunks of about `CHUNK_CHARS` (2048) characters cut at a space that starts a
+word after a non-space character, where no token piece of extproc/tokenizer.py can straddle the
+cut, so the ids equal the whole text's; between two chunks it yields to the event loop, and each
+chunk's ids are remembered in an LRU (`CHUNK_CACHE_ENTRIES`, 4096 chunks, ids as uint32 arrays,
+~8 KB each at most), keyed by the chunk's xxh3 hash: a shared system prompt or an earlier turn of
+a conversation is tokenized once, later requests only pay for their new text. A Hugging Face
+tokenizer releases the GIL, so it runs in a worker thread.
+
 Only the first `max_tokens` tokens matter (the precise lookup stops at `--kv-events-max-blocks`
 blocks): local tokenizers encode a prefix of a longer text, first `max_tokens * 6` characters, then
 `max_tokens * 16`, and keep the first `max_tokens` ids once a prefix yields `TRUNCATION_MARGIN` (8)
@@ -27,15 +36,21 @@ looks one character ahead), so the result equals the whole text's first `max_tok
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import itertools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import re
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import xxhash
 
 from extproc.datastore import Datastore
 from extproc.request.openai import Api, ParsedRequest
@@ -44,6 +59,23 @@ from extproc.tokenizer import encode, render_chat
 log = logging.getLogger("prefix_epp.tokenize")
 PREFIX_CHARS_PER_TOKEN = (6, 16)  # tried in order; about 4 on English text, at most 16 (builtin)
 TRUNCATION_MARGIN = 8
+CHUNK_CHARS = 2048
+CHUNK_CACHE_ENTRIES = 4096
+# A space preceded by a non-space and followed by a letter: every builtin piece ends before it.
+_SAFE_CUT = re.compile(r"(?<=\S) (?=[^\W\d_])")
+
+
+def chunk_bounds(text: str, size: int = CHUNK_CHARS) -> Iterator[tuple[int, int]]:
+    """(start, end) of consecutive chunks of about `size` characters, cut only at safe spaces."""
+    start, n = 0, len(text)
+    while n - start > size:
+        m = _SAFE_CUT.search(text, start + size)
+        if m is None:
+            break
+        yield start, m.start()
+        start = m.start()
+    if start < n:
+        yield start, n
 
 
 def _is_token_list(value: Any) -> bool:
@@ -117,10 +149,56 @@ class LocalTokenizer:
 
 
 class BuiltinTokenizer(LocalTokenizer):
+    """extproc/tokenizer.py in cached chunks; cooperative off-loop encoding (module docstring)."""
+
     name = "builtin"
 
+    def __init__(self, cache_entries: int = CHUNK_CACHE_ENTRIES) -> None:
+        self._cache: OrderedDict[int, array[int]] = OrderedDict()
+        self._capacity = cache_entries
+        self.chunks_encoded = 0  # cache misses, for tests and benchmarks
+
+    def _chunk(self, piece: str) -> array[int]:
+        key = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"))
+        ids = self._cache.get(key)
+        if ids is not None:
+            self._cache.move_to_end(key)
+            return ids
+        ids = array("I", encode(piece))
+        self.chunks_encoded += 1
+        self._cache[key] = ids
+        if len(self._cache) > self._capacity:
+            self._cache.popitem(last=False)
+        return ids
+
     def encode_text(self, text: str, chat: bool) -> list[int]:
-        return encode(text)
+        out: list[int] = []
+        for start, end in chunk_bounds(text):
+            out.extend(self._chunk(text[start:end]))
+        return out
+
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+        try:
+            chat = _chat_input(parsed)
+            if chat is not None:
+                text = self.render(*chat)
+            else:
+                prompt = _completion_input(parsed)
+                if not isinstance(prompt, str):
+                    return prompt[:max_tokens] if prompt is not None and max_tokens > 0 else prompt
+                text = prompt
+        except (ValueError, TypeError) as exc:
+            log.debug("tokenization failed", extra={"error": type(exc).__name__})
+            return None
+        out: list[int] = []
+        for start, end in chunk_bounds(text):
+            misses = self.chunks_encoded
+            out.extend(self._chunk(text[start:end]))
+            if max_tokens > 0 and len(out) >= max_tokens:
+                return out[:max_tokens]
+            if self.chunks_encoded != misses:
+                await asyncio.sleep(0)  # let other streams run between two encoded chunks
+        return out
 
 
 class HFTokenizer(LocalTokenizer):
@@ -132,6 +210,7 @@ class HFTokenizer(LocalTokenizer):
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(path)
+        self._pool: ThreadPoolExecutor | None = None
         self._template: Any = None
         self._specials: dict[str, str] = {}
         config = Path(path).with_name("tokenizer_config.json")
@@ -173,6 +252,17 @@ class HFTokenizer(LocalTokenizer):
     def encode_text(self, text: str, chat: bool) -> list[int]:
         ids: list[int] = self._tok.encode(text, add_special_tokens=not chat).ids
         return ids
+
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+        # `tokenizers` releases the GIL while it encodes: a worker thread keeps the loop free.
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.encode, parsed, max_tokens)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 class RemoteTokenizer:

@@ -7,6 +7,7 @@ Names follow the Go EPP where a metric has an equivalent there; our own use the 
 | inference_objective_request_total | counter | model_name, target_model_name |
 | inference_objective_request_error_total | counter | model_name, target_model_name, error_code |
 | prefix_epp_requests_total | counter | outcome (routed, error), status (HTTP status) |
+| prefix_epp_extproc_messages_total | counter | kind (request_headers, request_body, ..., response_trailers) |
 | inference_extension_scheduler_e2e_duration_seconds | histogram | - (decision latency: body complete -> decision) |
 | inference_extension_prefix_indexer_hit_ratio | histogram | - (matched / total blocks of the chosen endpoint) |
 | inference_extension_prefix_indexer_size | gauge | - ((endpoint, block) entries) |
@@ -44,6 +45,8 @@ from extproc.scheduling.load import usable_metrics
 
 DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+MESSAGE_KINDS = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
+                 "response_trailers")
 ERROR_TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 
 
@@ -136,6 +139,9 @@ class EppMetrics:
         self._predictions = Counter(
             "prefix_epp_cached_tokens_predictions", "Cached-token predictions compared with the response usage",
             ["scorer"], registry=r)
+        self._messages = Counter("prefix_epp_extproc_messages", "ext_proc messages received from the proxy",
+                                 ["kind"], registry=r)
+        self._message_children = {kind: self._messages.labels(kind) for kind in MESSAGE_KINDS}
         self._children: dict[tuple[object, ...], Any] = {}
         self.observe_decision: Callable[[float], None] = self._decision.observe
         self.observe_hit_ratio: Callable[[float], None] = self._hit_ratio.observe
@@ -147,6 +153,12 @@ class EppMetrics:
             child = metric.labels(*key)
             self._children[full] = child
         return child
+
+    def count_message(self, kind: str | None) -> None:
+        """One ext_proc message from the proxy (per message: a dict lookup and an increment)."""
+        child = self._message_children.get(kind or "")
+        if child is not None:
+            child.inc()
 
     def routed(self, model: str, target_model: str) -> None:
         self._child(self._objective_requests, (model, target_model)).inc()

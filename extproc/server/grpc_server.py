@@ -18,7 +18,6 @@ from extproc.server.tls import server_credentials
 
 _OPTIONS = [
     ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
     ("grpc.max_send_message_length", 16 * 1024 * 1024),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -43,7 +42,9 @@ async def start_servers(
     director: Director, metrics: EppMetrics, health: HealthServicer, *, bind: str, grpc_port: int,
     health_port: int, secure: bool, cert_path: str, explain: bool,
 ) -> tuple[grpc.aio.Server, grpc.aio.Server]:
-    ext = grpc.aio.server(options=_OPTIONS)
+    # A BUFFERED request body arrives as one message: allow the largest body the picker accepts.
+    max_message = max(16 * 1024 * 1024, director.config.max_request_body_bytes + 1024 * 1024)
+    ext = grpc.aio.server(options=[*_OPTIONS, ("grpc.max_receive_message_length", max_message)])
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain), ext)
     health_pb2_grpc.add_HealthServicer_to_server(health, ext)
     address = f"{bind}:{grpc_port}"

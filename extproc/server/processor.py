@@ -5,19 +5,35 @@ Message sequence, FULL_DUPLEX_STREAMED request body (the Inference Extension's m
     Envoy -> request_headers            (we answer nothing yet)
     Envoy -> request_body x N           (buffered until end_of_stream, or request_trailers)
     picker -> request_headers response  (destination header + envoy.lb metadata + clear_route_cache)
-    picker -> request_body x M          (the body streamed back, chunks <= 62000 bytes, last one EoS)
+    picker -> request_body x M          (the received chunks streamed back, <= 62000 bytes each, last EoS)
     picker -> request_trailers response (only if Envoy sent request_trailers)
-    Envoy -> response_headers           picker -> response_headers (unchanged; + explanation header)
-    Envoy -> response_body x K          picker -> each chunk straight back (duplex) or an empty reply
-    Envoy -> response_trailers          picker -> empty trailers response
 
 BUFFERED request body: request_headers is answered at once (empty); the single request_body
 message is answered with the destination header mutation and metadata; the body is left as is.
 
 A request without a body (request_headers.end_of_stream) is routed at once in the headers reply.
-With an asynchronous tokenizer (`--tokenizer remote`) the complete body is first handed to
-`Director.prepare`, awaited, before routing. Response body chunks also feed the closed loop's
-usage tail (extproc/server/usage.py), which reports at the end of the response.
+
+Response path. The default wiring (`prefix-epp envoy-config`) sends response headers and trailers
+but no response body: the picker costs the same whatever the length of the answer.
+
+    Envoy -> response_headers           picker -> response_headers (+ explanation header, + mode_override)
+    [Envoy -> response_body x K         picker -> an empty reply each (STREAMED, sampled requests only)]
+    Envoy -> response_trailers          picker -> empty trailers response (only if the upstream sent some)
+    stream end                          (Envoy closes the stream when the response is complete)
+
+Completion (in-flight release) is the response's end: response body end_of_stream, response
+trailers, or else the end of the gRPC stream, which Envoy keeps open until the response is
+complete as long as the trailer mode is SEND. The closed loop (server/usage.py) needs the body:
+for the requests the usage sampler picks, the response_headers reply carries a `mode_override`
+asking for the response body in STREAMED mode, and for the others one that asks for none with
+trailers SEND (so a gateway that statically skips trailers still keeps the stream open until the
+end). Envoy ignores `mode_override` whenever its static request or response body mode is
+FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage); then the static mode rules: with
+FULL_DUPLEX_STREAMED response bodies every chunk is echoed back (the reference configuration)
+and only sampled requests feed the usage parser.
+
+With an asynchronous tokenizer (precise mode) the complete body is first handed to
+`Director.prepare`, awaited, before routing, so tokenization never runs on the event loop.
 Errors end the exchange with an ImmediateResponse. In-flight accounting is released when the
 response ends, and in any case when the stream ends (client gone, Envoy reset, error).
 Ordering rule: nothing for the request body or trailers is sent before the headers reply.
@@ -74,14 +90,18 @@ class StreamProcessor:
 
     async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
         try:
+            count = self._metrics.count_message
             async for msg in requests:
                 kind = msg.WhichOneof("request")
+                count(kind)
                 if kind == "request_headers":
                     out = self.on_request_headers(msg)
                 elif kind == "request_body":
-                    if msg.request_body.end_of_stream and not self._body_done and self._director.tokenizes_async:
-                        await self._director.prepare(self.ctx, b"".join([*self._body, msg.request_body.body]))
-                    out = self.on_request_body(msg.request_body)
+                    body = msg.request_body
+                    if body.end_of_stream and not self._body_done and self._director.tokenizes_async:
+                        chunks = [*self._body, body.body] if body.body else self._body
+                        await self._director.prepare(self.ctx, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                    out = self.on_request_body(body)
                 elif kind == "request_trailers":
                     out = self.on_request_trailers()
                 elif kind == "response_headers":
@@ -152,12 +172,15 @@ class StreamProcessor:
 
     def _route_body(self) -> list[pb.ProcessingResponse]:
         self._body_done = True
-        raw = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        self._body = []
+        chunks, self._body = self._body, []
         start = time.perf_counter()
         ctx = self.ctx
         try:
+            # The joined copy lives only while the director parses it; the echo reuses the chunks.
+            # prepare() may have parsed the body already; then it is not joined again.
+            raw = b"" if ctx.parsed is not None or not chunks else chunks[0] if len(chunks) == 1 else b"".join(chunks)
             decision = self._director.route(ctx, raw)
+            del raw
         except EppError as err:
             return [self._error(err)]
         self._metrics.observe_decision(time.perf_counter() - start)
@@ -171,8 +194,8 @@ class StreamProcessor:
         new_id = self._new_request_id
         if self._request_mode == _BUFFERED:
             return [R.routed_headers(decision.destination, None, new_id, buffered=True)]
-        out = [R.routed_headers(decision.destination, len(raw), new_id, buffered=False)]
-        out.extend(R.body_chunks(raw, request=True))
+        out = [R.routed_headers(decision.destination, self._body_bytes, new_id, buffered=False)]
+        R.echo_request_body(chunks, out)
         return out
 
     def _route_bodiless(self) -> pb.ProcessingResponse:
@@ -199,23 +222,32 @@ class StreamProcessor:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
         elif self._explain and self._endpoint is not None:
             extra = ((EXPLAIN_HEADER, f"endpoint={self._endpoint.key}; bodiless"),)
-        out = [R.response_headers(extra)]
+        resp = R.response_headers(extra)
         if headers.end_of_stream:
+            self._usage = None
             self._complete()
-        return out
+        elif self._request_mode != _FULL_DUPLEX and self._response_mode != _FULL_DUPLEX:
+            # Envoy honours mode_override only here (see the module docstring).
+            R.override_response_mode(resp, self._request_mode, body=self._usage is not None)
+        return [resp]
 
     def on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         usage = self._usage
-        if usage is not None:
-            usage.feed(body.body)
-            if body.end_of_stream:
+        if self._response_mode == _FULL_DUPLEX:
+            data = body.body  # one copy out of the message, shared by the parser and the echo
+            if usage is not None:
+                usage.feed(data)
+            out = R.body_chunks(data, request=False, end_of_stream=body.end_of_stream)
+        else:
+            if usage is not None:
+                usage.feed(body.body)
+            out = [R.empty_response_body()]
+        if body.end_of_stream:
+            if usage is not None:
                 self._usage = None
                 usage.finish()
-        if body.end_of_stream:
             self._complete()
-        if self._response_mode == _FULL_DUPLEX:
-            return R.body_chunks(body.body, request=False, end_of_stream=body.end_of_stream)
-        return [R.empty_response_body()]
+        return out
 
     def on_response_trailers(self) -> list[pb.ProcessingResponse]:
         usage, self._usage = self._usage, None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from extproc.errors import EppError
 from extproc.pb import envoy_core_pb2 as core
+from extproc.pb import envoy_processing_mode_pb2 as mode_pb
 from extproc.pb import external_processor_pb2 as pb
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -72,6 +73,47 @@ def body_chunks(body: bytes, *, request: bool, end_of_stream: bool = True) -> li
         start = end
         if start >= n:
             return out
+
+
+def echo_request_body(chunks: list[bytes], out: list[pb.ProcessingResponse]) -> None:
+    """Stream the request body back as received (FULL_DUPLEX_STREAMED), splitting oversized chunks.
+
+    Reusing the received chunks avoids one more copy of the whole body; the last message carries
+    end_of_stream (an empty one for an empty body).
+    """
+    if not chunks:
+        resp = pb.ProcessingResponse()
+        resp.request_body.response.body_mutation.streamed_response.end_of_stream = True
+        out.append(resp)
+        return
+    last = len(chunks) - 1
+    for i, chunk in enumerate(chunks):
+        if len(chunk) > BODY_CHUNK_BYTES:
+            out.extend(body_chunks(chunk, request=True, end_of_stream=i == last))
+            continue
+        resp = pb.ProcessingResponse()
+        streamed = resp.request_body.response.body_mutation.streamed_response
+        streamed.body = chunk
+        streamed.end_of_stream = i == last
+        out.append(resp)
+
+
+_MODE = mode_pb.ProcessingMode
+
+
+def override_response_mode(resp: pb.ProcessingResponse, request_body_mode: int, *, body: bool) -> None:
+    """Ask Envoy, for this request only, for the response body (STREAMED) or for none.
+
+    Trailers stay SEND either way: Envoy then keeps the ext_proc stream open until the response is
+    complete, which is when the picker releases the request's in-flight count. The request side
+    repeats the static request mode (the request is already past it).
+    """
+    override = resp.mode_override
+    override.request_header_mode = _MODE.SEND
+    override.request_body_mode = request_body_mode  # type: ignore[assignment]
+    override.response_header_mode = _MODE.SEND
+    override.response_body_mode = _MODE.STREAMED if body else _MODE.NONE
+    override.response_trailer_mode = _MODE.SEND
 
 
 def empty_request_headers() -> pb.ProcessingResponse:

@@ -16,9 +16,14 @@ engine block size (scraped `vllm:cache_config_info`, else the KV-event block siz
   The byte->token ratio is the request's own, from the reported prompt_tokens.
 - precise: matched blocks x B when the endpoint's events were usable at decision time; otherwise
   the precise scorer fell back to the approximate index, and so does its prediction.
-Both are computed for every request when KV events are enabled (whichever scorer routed); without
-events only the approximate one. Reported per scorer: the absolute error in tokens (histogram)
-and whether it is within one block (|error| <= B).
+Both are computed for every sampled request when KV events are enabled (whichever scorer
+routed); without events only the approximate one. Reported per scorer: the absolute error in
+tokens (histogram) and whether it is within one block (|error| <= B).
+
+Sampling (`UsageSampler`, `--usage-sample-rate` r): the response body reaches the picker only for
+the requests the sampler picks, because every streamed chunk the proxy sends costs a gRPC round
+trip. The sampler is a deterministic accumulator (`credit += r`; sample and `credit -= 1` when it
+reaches 1), so exactly one request in 1/r is sampled, evenly spread, with no random state.
 """
 
 from __future__ import annotations
@@ -153,6 +158,25 @@ def predictions(p: Prediction, usage: Usage) -> dict[str, int]:
     if p.precise_enabled:
         out["precise"] = out["approximate"] if p.precise_blocks is None else min(p.precise_blocks * bs, reusable)
     return out
+
+
+class UsageSampler:
+    """Picks `rate` of the calls to `take()` (0: none, 1: all), evenly spread."""
+
+    __slots__ = ("_credit", "rate")
+
+    def __init__(self, rate: float) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"usage sample rate must be within [0, 1], got {rate}")
+        self.rate = rate
+        self._credit = 0.0
+
+    def take(self) -> bool:
+        self._credit += self.rate
+        if self._credit >= 1.0:
+            self._credit -= 1.0
+            return True
+        return False
 
 
 class UsageTracker:

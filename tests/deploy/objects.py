@@ -73,6 +73,7 @@ CRD_SCHEMAS: dict[tuple[str, str], str] = {
     ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"): "backendtlspolicy-v1.json",
     ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"): "envoyextensionpolicy-v1alpha1.json",
     ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy"): "backendtrafficpolicy-v1alpha1.json",
+    ("gateway.envoyproxy.io/v1alpha1", "ClientTrafficPolicy"): "clienttrafficpolicy-v1alpha1.json",
     ("gateway.envoyproxy.io/v1alpha1", "Backend"): "backend-v1alpha1.json",
     ("gateway.envoyproxy.io/v1alpha1", "EnvoyProxy"): "envoyproxy-v1alpha1.json",
 }

@@ -29,7 +29,8 @@ from tests.deploy.objects import (
 Render = Callable[[str], list[Obj]]
 
 BASE_KINDS = {"ServiceAccount", "ConfigMap", "Role", "RoleBinding", "Service", "Deployment", "InferencePool"}
-PLAIN_EG_KINDS = {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "BackendTrafficPolicy", "EnvoyProxy"}
+PLAIN_EG_KINDS = {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "BackendTrafficPolicy", "ClientTrafficPolicy",
+                  "EnvoyProxy"}
 
 EXPECTED_KINDS: dict[str, set[str]] = {
     "default": BASE_KINDS,

@@ -159,15 +159,21 @@ def _route_target(policy: Obj, route: Obj) -> None:
 
 
 @pytest.mark.parametrize("name", ["envoy-gateway", "eg-verified-tls", "eg-plaintext", "eg-nodeport"])
-def test_envoy_gateway_calls_the_picker_in_full_duplex(render: Render, name: str) -> None:
+def test_envoy_gateway_calls_the_picker_off_the_token_stream(render: Render, name: str) -> None:
     objs = render(name)
     route = find(objs, "HTTPRoute")
     policy = find(objs, "EnvoyExtensionPolicy")
     _route_target(policy, route)
     [ext] = policy["spec"]["extProc"]
-    assert ext["processingMode"]["request"]["body"] == "FullDuplexStreamed"
-    assert ext["processingMode"]["response"]["body"] == "FullDuplexStreamed"
+    # Buffered request bodies, response headers only; the picker's mode_override (honoured only
+    # without FullDuplexStreamed bodies) asks for trailers and the sampled response bodies.
+    assert ext["processingMode"] == {"request": {"body": "Buffered"}, "response": {}, "allowModeOverride": True}
     assert ext["failOpen"] is False
+    client = find(objs, "ClientTrafficPolicy")
+    gateway = find(objs, "Gateway")
+    assert client["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                            "name": gateway["metadata"]["name"]}]
+    assert client["spec"]["connection"]["bufferLimit"] == "16Mi"  # Envoy Gateway's 32Ki default would 413
     assert "envoy.lb" in ext["metadata"]["writableNamespaces"]
     service = find(objs, "Service", RELEASE)
     grpc = service_port(service, "grpc")["port"]

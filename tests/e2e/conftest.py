@@ -88,13 +88,14 @@ def picker_for(tmp: Path, endpoints: list[str], *extra: str, secure: bool = Fals
 @contextlib.contextmanager
 def stack(tmp: Path, n_backends: int = 3, *picker_args: str, secure: bool = False, delay: float = 0.0,
           envoy_endpoints: bool = False, dead_endpoints: tuple[str, ...] = (),
-          request_body_mode: str = "FULL_DUPLEX_STREAMED") -> Iterator[Stack]:
+          request_body_mode: str = "BUFFERED", response_processing: str = "headers-trailers") -> Iterator[Stack]:
     with echo_backends(tmp, n_backends, delay) as backends:
         endpoints = [*dead_endpoints, *backends]
         picker = picker_for(tmp, endpoints, *picker_args, secure=secure)
         picker.start()
         try:
             with run_envoy(tmp, picker.grpc_port, epp_tls=secure, request_body_mode=request_body_mode,
+                           response_processing=response_processing,
                            endpoints=tuple(endpoints) if envoy_endpoints else ()) as (_, listen, admin):
                 yield Stack(backends, picker, listen, admin)
         finally:

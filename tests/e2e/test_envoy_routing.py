@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import random
 import time
 import urllib.request
@@ -185,14 +186,20 @@ async def test_fallback_list_used_when_first_endpoint_is_down(tmp_path: Path) ->
     assert f"endpoint={dead}" in firsts  # the dead endpoint was picked first, and the fallback served it
 
 
-async def test_tls_and_buffered_mode(tmp_path: Path) -> None:
-    with stack(tmp_path, 2, secure=True, request_body_mode="BUFFERED") as st:
+async def test_tls_and_the_reference_full_duplex_wiring(tmp_path: Path) -> None:
+    # The Inference Extension's reference config: request and response bodies FULL_DUPLEX_STREAMED.
+    with stack(tmp_path, 2, secure=True, request_body_mode="FULL_DUPLEX_STREAMED",
+               response_processing="full-duplex") as st:
         async with aiohttp.ClientSession() as s:
             replies = [await post(s, f"{st.url}/v1/completions", completion(SYSTEM + str(i))) for i in range(6)]
             bad = await post(s, f"{st.url}/v1/completions", raw=b"{")
+            streamed = await post(s, f"{st.url}/v1/completions", {**completion("stream me"), "stream": True})
     assert all(r.status == 200 for r in replies)
     assert len({r.served_by for r in replies}) == 1
+    assert all(r.json()["body_len"] == len(json.dumps(completion(SYSTEM + str(i))).encode())
+               for i, r in enumerate(replies))
     assert bad.status == 400
+    assert streamed.status == 200 and streamed.body.count(b"data: ") == 6 and streamed.body.endswith(b"[DONE]\n\n")
 
 
 async def test_picker_killed_then_restarted(tmp_path: Path) -> None:

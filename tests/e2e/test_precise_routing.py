@@ -55,12 +55,14 @@ async def precise_stack(tmp: Path, scorer: str) -> AsyncIterator[tuple[list[Repl
     async with run_replicas(SIM.replace(kv_events_replay_port_base=0), 2, base_port=0) as reps:
         endpoints = [f"127.0.0.1:{r.port}@{spec_for(r).kv_events_endpoint}" for r in reps]
         picker = picker_for(tmp, endpoints, "--prefix-scorer", scorer, "--kv-events", "--explain-decisions",
-                            "--seed", "1", "--kv-events-speculative-ttl", "200ms", name=f"picker-{scorer}")
+                            "--seed", "1", "--kv-events-speculative-ttl", "200ms", "--usage-sample-rate", "1",
+                            name=f"picker-{scorer}")
         await asyncio.to_thread(picker.start)  # the simulated engines keep running in this loop meanwhile
         try:
             with contextlib.ExitStack() as stack:
-                _, listen, _ = await asyncio.to_thread(stack.enter_context, run_envoy(tmp, picker.grpc_port,
-                                                                                        name=f"envoy-{scorer}"))
+                # Buffered request bodies: Envoy then honours the picker's request for response bodies.
+                _, listen, _ = await asyncio.to_thread(stack.enter_context, run_envoy(
+                    tmp, picker.grpc_port, name=f"envoy-{scorer}", request_body_mode="BUFFERED"))
                 yield reps, picker, f"http://127.0.0.1:{listen}/v1/completions"
         finally:
             await asyncio.to_thread(picker.stop)

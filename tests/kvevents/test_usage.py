@@ -11,6 +11,7 @@ from extproc.pb import external_processor_pb2 as pb
 from extproc.server.usage import (
     Prediction,
     Usage,
+    UsageSampler,
     UsageTail,
     UsageTracker,
     matched_bytes,
@@ -92,7 +93,7 @@ def response_headers() -> pb.ProcessingRequest:
 
 
 async def test_processor_feeds_the_closed_loop_for_both_scorers() -> None:
-    app = make_app(1, kv_events=KVEventsConfig(enabled=True))
+    app = make_app(1, kv_events=KVEventsConfig(enabled=True), usage_sample_rate=1.0)
     prompt = "hello " * 200  # 1200 bytes, 200 builtin tokens
     sample = app.metrics.registry.get_sample_value
     for cached in (0, 192):
@@ -122,3 +123,15 @@ async def test_remote_tokenizer_is_awaited_before_routing() -> None:
         explain = out[2].response_headers.response.header_mutation.set_headers[0].header.raw_value.decode()
         # 81 engine tokens -> 5 blocks; the first request's speculative entries match the second.
         assert "precise=5/5 (approximate fallback)" in explain, explain
+
+
+def test_usage_sampler_takes_its_share_evenly() -> None:
+    assert not any(UsageSampler(0.0).take() for _ in range(1000))
+    assert all(UsageSampler(1.0).take() for _ in range(1000))
+    quarter = UsageSampler(0.25)
+    assert [quarter.take() for _ in range(8)] == [False, False, False, True] * 2
+    percent = UsageSampler(0.01)
+    assert sum(percent.take() for _ in range(10_000)) == 100
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="sample rate"):
+            UsageSampler(bad)

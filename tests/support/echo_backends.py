@@ -5,7 +5,9 @@ body sha256 and the request headers it received, plus the `x-served-by` header. 
 A JSON body with `"stream": true` gets a server-sent-events answer instead: five `data:` chunks
 50 ms apart, then `data: [DONE]`, so tests can see chunks arrive before the stream ends.
 An optional `--delay S` holds each response, so concurrent requests overlap; `--trivial` answers
-a fixed tiny JSON without reading headers or hashing (for overhead benchmarks).
+a fixed tiny JSON without reading headers or hashing (for overhead benchmarks); a `--trivial`
+backend streams when the body's first 256 bytes say `"stream": true`: `max_tokens` (from the same
+bytes, default 1) SSE chunks written back to back, then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import re
 import signal
 
 from aiohttp import web
+
+_MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d+)')
+
+
+async def _trivial_stream(request: web.Request, head: bytes, name: str) -> web.StreamResponse:
+    m = _MAX_TOKENS.search(head)
+    tokens = int(m.group(1)) if m else 1
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream", "x-served-by": name})
+    await resp.prepare(request)
+    chunk = b'data: {"choices": [{"index": 0, "text": " tok"}]}\n\n'
+    for _ in range(tokens):
+        await resp.write(chunk)
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 def make_app(name: str, delay: float, trivial: bool = False) -> web.Application:
@@ -24,6 +42,9 @@ def make_app(name: str, delay: float, trivial: bool = False) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if trivial:
+            head = body[:256]
+            if b'"stream": true' in head or b'"stream":true' in head:
+                return await _trivial_stream(request, head, name)
             return web.Response(body=tiny, content_type="application/json", headers={"x-served-by": name})
         if delay:
             await asyncio.sleep(delay)

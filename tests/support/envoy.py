@@ -26,13 +26,13 @@ def envoy_binary() -> str:
 
 
 @contextlib.contextmanager
-def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_mode: str = "FULL_DUPLEX_STREAMED",
-              process_responses: bool = True, name: str = "envoy",
+def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_mode: str = "BUFFERED",
+              response_processing: str = "headers-trailers", name: str = "envoy",
               endpoints: tuple[str, ...] = ()) -> Iterator[tuple[Proc, int, int]]:
     """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections."""
     listen, admin = free_port(), free_port()
     cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
-                       request_body_mode=request_body_mode, process_responses=process_responses,
+                       request_body_mode=request_body_mode, response_processing=response_processing,
                        endpoints=endpoints)
     path = tmp / f"{name}.yaml"
     path.write_text(render(cfg))

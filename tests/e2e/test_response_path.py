@@ -1,0 +1,98 @@
+"""The picker off the token stream, through real Envoy configured by `prefix-epp envoy-config`.
+
+Default wiring: response headers and trailers reach the picker, response bodies do not; the
+in-flight count still lasts until the response's true end. With buffered request bodies the
+picker asks for the response body of the requests its usage sampler picks (mode_override), and
+only those feed the closed loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from extproc.sim.config import SimConfig
+from extproc.sim.server import run_replicas
+from tests.e2e.conftest import Picker, picker_for
+from tests.e2e.test_precise_routing import scrape, until, value
+from tests.support.envoy import run_envoy
+
+pytestmark = pytest.mark.e2e
+
+# 200 decode steps of 8 ms / 4: the stream lasts ~0.4 s, long enough to look inside it.
+SIM = SimConfig(time_scale=4.0, kv_events=False)
+
+
+def messages(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], kind: str) -> float:
+    return value(samples, "prefix_epp_extproc_messages_total", kind=kind)
+
+
+def inflight(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> float:
+    return sum(v for (name, _), v in samples.items() if name == "prefix_epp_inflight_requests")
+
+
+@contextlib.asynccontextmanager
+async def sim_stack(tmp: Path, *picker_args: str, request_body_mode: str = "BUFFERED",
+                    ) -> AsyncIterator[tuple[Picker, str]]:
+    async with run_replicas(SIM, 1, base_port=0) as reps:
+        picker = picker_for(tmp, [f"127.0.0.1:{reps[0].port}"], "--refresh-metrics-interval", "0", *picker_args)
+        await asyncio.to_thread(picker.start)  # the simulated engine keeps running in this loop meanwhile
+        try:
+            with contextlib.ExitStack() as stack:
+                _, listen, _ = await asyncio.to_thread(
+                    stack.enter_context, run_envoy(tmp, picker.grpc_port, request_body_mode=request_body_mode))
+                yield picker, f"http://127.0.0.1:{listen}/v1/completions"
+        finally:
+            await asyncio.to_thread(picker.stop)
+
+
+async def test_streamed_answer_passes_by_the_picker_which_still_sees_its_end(tmp_path: Path) -> None:
+    async with sim_stack(tmp_path) as (picker, url), aiohttp.ClientSession() as s:
+        body = {"model": "sim-model", "prompt": "Tell a long story. " * 20, "max_tokens": 200, "stream": True}
+        during = None
+        events: list[bytes] = []
+        async with s.post(url, json=body) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                if not line.startswith(b"data: "):
+                    continue
+                events.append(line[6:].strip())
+                if len(events) == 20:  # mid-stream: the request is still in flight
+                    during = await asyncio.to_thread(scrape, picker)
+        assert events[-1] == b"[DONE]"
+        chunks = [orjson.loads(e) for e in events[:-1]]
+        assert sum(1 for c in chunks if c["choices"] and c["choices"][0].get("text") is not None) == 200
+        assert during is not None and inflight(during) == 1
+        after = await until(picker, lambda m: inflight(m) == 0)
+        assert messages(after, "response_headers") == 1
+        assert messages(after, "response_body") == 0  # not one of the ~200 chunks went through the picker
+        assert messages(after, "request_headers") == 1
+
+
+async def test_sampled_responses_feed_the_closed_loop_and_the_others_skip_the_picker(tmp_path: Path) -> None:
+    # BUFFERED request bodies let Envoy honour mode_override; 0.5 samples every second request.
+    async with sim_stack(tmp_path, "--usage-sample-rate", "0.5", request_body_mode="BUFFERED") as (picker, url), \
+            aiohttp.ClientSession() as s:
+        seen: list[tuple[float, float]] = []
+        for i in range(4):
+            body = {"model": "sim-model", "prompt": f"question {i}: " + "shared context " * 30, "max_tokens": 20,
+                    "stream": i >= 2, "stream_options": {"include_usage": True}}
+            async with s.post(url, json=body) as resp:
+                assert resp.status == 200
+                await resp.read()
+            m = await until(picker, lambda m, n=i + 1: messages(m, "response_headers") == n and inflight(m) == 0)
+            seen.append((messages(m, "response_body"),
+                         value(m, "prefix_epp_cached_tokens_predictions_total", scorer="approximate")))
+        bodies = [b for b, _ in seen]
+        predictions = [p for _, p in seen]
+        # Requests 1 and 3 are not sampled: no body message and no prediction came with them.
+        assert bodies[0] == 0 and predictions[0] == 0
+        assert bodies[1] > 0 and predictions[1] == 1  # sampled, non-streamed
+        assert bodies[2] == bodies[1] and predictions[2] == 1
+        assert bodies[3] > bodies[2] + 20 and predictions[3] == 2  # sampled stream: every chunk, then usage
