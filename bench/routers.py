@@ -166,7 +166,7 @@ def prefix_epp_router(tmp: Path, backends: Sequence[str], picker_args: Sequence[
 def go_epp_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
     listen, admin = free_ports(2)
     with go_epp.go_epp(tmp, backends) as (picker, grpc_port, metrics_url, _kube):
-        config = build_config(listen, f"127.0.0.1:{grpc_port}", admin, epp_tls=True, endpoints=tuple(backends))
+        config = go_epp.envoy_config(listen, grpc_port, admin, backends)
         with _envoy(tmp, "envoy-go-epp", config, listen) as envoy:
             yield Router("go-epp", f"http://127.0.0.1:{listen}", (picker, envoy), metrics_url)
 

@@ -15,10 +15,11 @@ Kubernetes API. So a setup here is:
    approximate prefix indexing, max-score-picker), secure serving on (self-signed TLS), health
    checking on the ext_proc port; only `--metrics-endpoint-auth=false` (we read its /metrics
    without a token) and `--tracing=false` (no collector here) change;
-4. Envoy with the same configuration prefix-epp gets (`extproc.envoy_config.build_config`:
-   full-duplex ext_proc, TLS to the picker without verification, gRPC health check on the
-   ext_proc service, override_host cluster of the replicas), which is the reference config's
-   shape (GIE `test/testdata/envoy.yaml`).
+4. Envoy with the Inference Extension's reference ext_proc settings (GIE `test/testdata/envoy.yaml`):
+   request and response bodies FULL_DUPLEX_STREAMED (the only body mode the Go picker supports),
+   trailers SEND, TLS to the picker without verification, gRPC health check on the ext_proc
+   service; built by the same `extproc.envoy_config.build_config` as prefix-epp's (which runs with
+   its own defaults), with the same override_host cluster of the replicas (`envoy_config`).
 The picker listens on all interfaces (it has no bind-address flag); all traffic is loopback.
 Its admission, with no InferenceObjective, never sheds (priority 0).
 
@@ -35,13 +36,22 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from extproc.datastore import split_host_port
+from extproc.envoy_config import build_config
 from tests.support.kubeapi import RealKube, built
 from tests.support.procs import Proc, free_ports, running, wait_for_port
 
 POOL = "bench"
 NAMESPACE = "default"
+
+
+def envoy_config(listen: int, grpc_port: int, admin: int, backends: Sequence[str]) -> dict[str, Any]:
+    """Envoy in front of the Go picker on `grpc_port`, with the reference ext_proc modes."""
+    return build_config(listen, f"127.0.0.1:{grpc_port}", admin, epp_tls=True,
+                        request_body_mode="FULL_DUPLEX_STREAMED", response_processing="full-duplex",
+                        endpoints=tuple(backends))
 
 
 def binary() -> Path:
