@@ -38,8 +38,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from extproc.datastore import split_host_port
 from extproc.envoy_config import build_config
+from extproc.pb import health_pb2, health_pb2_grpc
 from tests.support.kubeapi import RealKube, built
 from tests.support.procs import Proc, free_ports, running, wait_for_port
 
@@ -47,9 +50,10 @@ POOL = "bench"
 NAMESPACE = "default"
 
 
-def envoy_config(listen: int, grpc_port: int, admin: int, backends: Sequence[str]) -> dict[str, Any]:
+def envoy_config(listen: int, grpc_port: int, admin: int, backends: Sequence[str],
+                 tls: bool = True) -> dict[str, Any]:
     """Envoy in front of the Go picker on `grpc_port`, with the reference ext_proc modes."""
-    return build_config(listen, f"127.0.0.1:{grpc_port}", admin, epp_tls=True,
+    return build_config(listen, f"127.0.0.1:{grpc_port}", admin, epp_tls=tls,
                         request_body_mode="FULL_DUPLEX_STREAMED", response_processing="full-duplex",
                         endpoints=tuple(backends))
 
@@ -85,9 +89,24 @@ def ready_endpoints(metrics_url: str) -> float:
     return 0.0
 
 
+def serving(health_port: int) -> bool:
+    """The picker's gRPC readiness (SERVING once its InferencePool is synced)."""
+    with grpc.insecure_channel(f"127.0.0.1:{health_port}") as ch:
+        try:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="readiness"),
+                                                        timeout=2.0)
+        except grpc.RpcError:
+            return False
+    return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 @contextlib.contextmanager
-def go_epp(tmp: Path, backends: Sequence[str], timeout: float = 60.0) -> Iterator[tuple[Proc, int, str, RealKube]]:
-    """(picker process, ext_proc port, /metrics URL, API) with the pool synced to all `backends`."""
+def go_epp(tmp: Path, backends: Sequence[str], extra_args: Sequence[str] = (),
+           timeout: float = 60.0) -> Iterator[tuple[Proc, int, str, RealKube]]:
+    """(picker process, ext_proc port, /metrics URL, API) with the pool synced to all `backends`.
+
+    `extra_args` are added to the picker's flags (bench/overhead.py: plaintext, no scraping).
+    """
     with contextlib.ExitStack() as stack:
         kube = RealKube(tmp / "kube")
         stack.callback(kube.close)
@@ -99,13 +118,16 @@ def go_epp(tmp: Path, backends: Sequence[str], timeout: float = 60.0) -> Iterato
         args = [str(binary()), "--pool-name", POOL, "--pool-namespace", NAMESPACE,
                 "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
                 "--metrics-port", str(metrics_port), "--health-checking", "--metrics-endpoint-auth=false",
-                "--tracing=false", "--v", "1", "--zap-encoder", "json"]
+                "--tracing=false", "--v", "1", "--zap-encoder", "json", *extra_args]
         picker = stack.enter_context(running(args, tmp / "go-epp.log", env={"KUBECONFIG": str(kubeconfig)},
                                              wait_port=grpc_port, timeout=timeout))
         wait_for_port(metrics_port, proc=picker.popen)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         deadline = time.monotonic() + timeout
-        while ready_endpoints(metrics_url) < len(backends):
+        # Its ready-pods gauge counts only endpoints with fresh metrics: with scraping off, the
+        # caller waits for a routed request instead (the pool itself is synced at readiness).
+        scraping = "--refresh-metrics-interval" not in extra_args
+        while ready_endpoints(metrics_url) < len(backends) if scraping else not serving(health_port):
             if not picker.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"go-epp did not sync {len(backends)} endpoints:\n{picker.log_text()[-3000:]}")
             time.sleep(0.1)
