@@ -223,7 +223,7 @@ class RealKube:
         for name in names:
             while True:
                 doc = self.ok("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                conds = {c["type"]: c["status"] for c in doc.get("status", {}).get("conditions", [])}
+                conds = {c["type"]: c["status"] for c in (doc.get("status") or {}).get("conditions") or []}
                 if conds.get("Established") == "True":
                     break
                 if time.monotonic() > deadline:
