@@ -76,8 +76,11 @@ case "$1" in
       fi
       echo "$out"; exit 0
     fi
-    check_origin sigs.k8s.io/gateway-api-inference-extension "$GIE_VERSION" "$GIE_COMMIT"
-    build gie-epp "$GIE_VERSION-${GIE_COMMIT:0:8}" "module prefixepp.local/peers/gie
+    key="$GIE_VERSION-${GIE_COMMIT:0:8}"
+    if [ ! -f "$CACHE/gie-epp/$key/BUILD-INFO" ]; then  # cached builds need no network
+      check_origin sigs.k8s.io/gateway-api-inference-extension "$GIE_VERSION" "$GIE_COMMIT"
+    fi
+    build gie-epp "$key" "module prefixepp.local/peers/gie
 
 go 1.25.0
 
