@@ -9,12 +9,12 @@ Measured on this machine (2 cores shared by the client, Envoy, the picker and th
 2. Through real Envoy configured by `prefix-epp envoy-config`, with trivial backends that answer
    1, 50 or 500 streamed tokens back to back (so the picker, not a model, is what is measured):
    Envoy alone (round robin, no ext_proc) against Envoy + picker in three wirings:
-   - `default`: buffered request body, response headers and trailers, no response body (but the
+   - `default`: buffered request body, response trailers, no response headers or body (but the
      sampled share, `--usage-sample-rate` at its default, asked for by mode_override);
    - `default, all sampled`: the same with `--usage-sample-rate 1`: every response body comes to
      the picker (STREAMED), which prices one sampled request, hence the default sample rate;
    - `duplex-request`: full-duplex request body (streamed back by the picker), response headers
-     and trailers;
+     and trailers, no response body;
    - `full-duplex` (the previous default, the Inference Extension's reference config): full-duplex
      request body, and every response chunk makes a round trip through the picker.
    - `go-epp (GIE v1.5.0)`: the Go endpoint picker in its reference wiring (full-duplex request
@@ -39,6 +39,7 @@ import tempfile
 import time
 import urllib.request
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,9 @@ from tests.support.envoy import envoy_binary
 from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running
 
 WIRINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {  # name -> (request body, responses, picker flags)
-    "default": ("BUFFERED", "headers-trailers", ()),
-    "default, all sampled": ("BUFFERED", "headers-trailers", ("--usage-sample-rate", "1")),
-    "duplex-request": ("FULL_DUPLEX_STREAMED", "headers-trailers", ()),
+    "default": ("BUFFERED", "end", ()),
+    "default, all sampled": ("BUFFERED", "end", ("--usage-sample-rate", "1")),
+    "duplex-request": ("FULL_DUPLEX_STREAMED", "end", ()),
     "full-duplex": ("FULL_DUPLEX_STREAMED", "full-duplex", ()),
 }
 
@@ -68,8 +69,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1) -> bytes:
-    """A completion request of about `size` prompt bytes; stream/max_tokens come first (see backends)."""
+def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1, interval_ms: float = 0.0) -> bytes:
+    """A completion request of about `size` prompt bytes; stream, max_tokens and the trivial backend's
+    pause between tokens come first (tests/support/echo_backends.py reads the first 256 bytes)."""
     rng = random.Random(seed)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
     text = ("shared system prompt " * (shared // 21 + 1))[:shared]
@@ -79,7 +81,9 @@ def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1) -> bytes
         word = rng.choice(words) + " "
         parts.append(word)
         n += len(word)
-    head = {"stream": True, "max_tokens": tokens} if tokens > 1 else {"max_tokens": 1}
+    head: dict[str, object] = {"stream": True, "max_tokens": tokens} if tokens > 1 else {"max_tokens": 1}
+    if interval_ms and tokens > 1:
+        head["interval_ms"] = interval_ms
     return orjson.dumps({**head, "model": "bench-model", "prompt": "".join(parts)[:size]})
 
 
@@ -161,19 +165,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: int,
-                      pid: int | None = None) -> dict[str, float]:
-    """`total` requests from `concurrency` workers after a warm-up; figures over the 200 answers only.
+@dataclass
+class Tally:
+    """What one setup did over the rounds of a measurement."""
 
-    With `pid`, also the CPU seconds that process spent during the timed part (`cpu_s`).
+    latencies: list[float] = field(default_factory=list)
+    failed: int = 0
+    elapsed_s: float = 0.0
+    cpu_s: float = 0.0
+
+
+async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: int, tally: Tally,
+                      pid: int | None = None, warm_up: int = 0) -> None:
+    """`total` requests from `concurrency` workers into `tally`; only 200 answers count as latencies.
+
+    With `pid`, the CPU seconds that process spent during the timed part are added too.
     """
-    latencies: list[float] = []
-    failures = 0
     issued = 0
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as session:
         async def worker() -> None:
-            nonlocal issued, failures
+            nonlocal issued
             while issued < total:
                 i = issued
                 issued += 1
@@ -186,28 +198,80 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: in
                 except aiohttp.ClientError:
                     ok = False
                 if ok:
-                    latencies.append(time.perf_counter() - start)
+                    tally.latencies.append(time.perf_counter() - start)
                 else:
-                    failures += 1
+                    tally.failed += 1
 
-        for _ in range(min(20, total // 5)):  # warm-up: connections, the picker's index
+        for _ in range(warm_up):  # connections, the picker's index
             async with session.post(url, data=bodies[0], headers={"content-type": "application/json"}) as r:
                 await r.read()
         cpu_before = cpu_seconds(pid) if pid else 0.0
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
-        cpu = cpu_seconds(pid) - cpu_before if pid else 0.0
-    return {"rps": len(latencies) / elapsed, "p50_ms": percentile(latencies, 50) * 1e3,
-            "p99_ms": percentile(latencies, 99) * 1e3, "ok": len(latencies), "failed": failures, "cpu_s": cpu}
+        tally.elapsed_s += time.perf_counter() - start
+        tally.cpu_s += cpu_seconds(pid) - cpu_before if pid else 0.0
 
 
-def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, tuple[str, Proc | None]]:
-    """Envoy alone plus one Envoy and one picker per wiring; name -> (url, picker process)."""
-    setups: dict[str, tuple[str, Proc | None]] = {}
+async def open_loop(url: str, bodies: list[bytes], rate: float, total: int, tally: Tally,
+                    pid: int | None = None) -> None:
+    """`total` requests sent at a fixed `rate` per second whatever the answers' length (open loop).
+
+    At equal request rates the picker's CPU per request compares like with like: in a closed loop
+    longer answers lower the request rate, and an event loop spends more per request when fewer
+    requests share each wake-up.
+    """
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        async def one(body: bytes) -> None:
+            start = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+                    await resp.read()
+                    ok = resp.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            if ok:
+                tally.latencies.append(time.perf_counter() - start)
+            else:
+                tally.failed += 1
+
+        loop = asyncio.get_running_loop()
+        cpu_before = cpu_seconds(pid) if pid else 0.0
+        start = loop.time()
+        tasks = []
+        for i in range(total):
+            delay = start + i / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(bodies[i % len(bodies)])))
+        await asyncio.gather(*tasks)
+        tally.elapsed_s += loop.time() - start
+        tally.cpu_s += cpu_seconds(pid) - cpu_before if pid else 0.0
+
+
+@dataclass
+class Setup:
+    url: str
+    picker: Proc | None = None
+    metrics_port: int = 0
+
+
+def response_body_messages(port: int) -> float:
+    """The picker's count of response_body messages from Envoy (its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('prefix_epp_extproc_messages_total{kind="response_body"}'):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, Setup]:
+    """Envoy alone plus one Envoy and one picker per wiring, by name."""
+    setups: dict[str, Setup] = {}
     for name in ("envoy-only", *WIRINGS):
         listen, admin = free_ports(2)
         picker: Proc | None = None
+        metrics = 0
         if name == "envoy-only":
             cfg = plain_envoy_config(listen, admin, backends)
         else:
@@ -227,7 +291,7 @@ def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, 
         stack.enter_context(running(
             [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "error",
              "--base-id", str(listen)], tmp / f"envoy-{path.stem}.log", wait_port=listen))
-        setups[name] = (f"http://127.0.0.1:{listen}/v1/completions", picker)
+        setups[name] = Setup(f"http://127.0.0.1:{listen}/v1/completions", picker, metrics if picker else 0)
     add_go_epp_setup(tmp, stack, backends, setups)
     return setups
 
@@ -236,7 +300,7 @@ GO_EPP_SETUP = "go-epp (GIE v1.5.0)"
 
 
 def add_go_epp_setup(tmp: Path, stack: ExitStack, backends: list[str],
-                     setups: dict[str, tuple[str, Proc | None]]) -> None:
+                     setups: dict[str, Setup]) -> None:
     """The Go endpoint picker (bench/peers) behind its reference Envoy wiring, when it can run here.
 
     Full-duplex request and response bodies (the only mode it supports), default scheduling
@@ -262,7 +326,7 @@ def add_go_epp_setup(tmp: Path, stack: ExitStack, backends: list[str],
         if time.monotonic() > deadline:
             raise RuntimeError(f"go-epp routes nothing:\n{picker.log_text()[-2000:]}")
         time.sleep(0.1)
-    setups[GO_EPP_SETUP] = (url, picker)
+    setups[GO_EPP_SETUP] = Setup(url, picker)  # its /metrics has no prefix-epp message counts
 
 
 def _answers(url: str) -> bool:
@@ -274,19 +338,44 @@ def _answers(url: str) -> bool:
         return False
 
 
-def measure(setups: dict[str, tuple[str, Proc | None]], size: int, tokens: int, conc: int,
-            total: int) -> list[dict[str, Any]]:
+def measure(setups: dict[str, Setup], size: int, tokens: int, conc: int,
+            total: int, rounds: int = 5, rate: float = 0.0, interval_ms: float = 0.0) -> list[dict[str, Any]]:
+    """The setups take turns, `rounds` times, so a change in the machine's load hits all alike.
+
+    `conc` workers in a closed loop, or, with `rate`, an open loop at that many requests/s; with
+    `interval_ms`, streamed tokens come that far apart, one SSE event each, as a model server sends them.
+    """
+    bodies = [prompt_body(size, i, shared=size // 2, tokens=tokens, interval_ms=interval_ms) for i in range(32)]
+    tallies = {name: Tally() for name in setups}
+    body_messages = {name: 0.0 for name in setups}
+    for r in range(rounds):
+        for name, setup in setups.items():
+            pid = setup.picker.pid if setup.picker else None
+            before = response_body_messages(setup.metrics_port) if setup.metrics_port else 0.0
+            if rate:
+                asyncio.run(open_loop(setup.url, bodies, rate, max(1, total // rounds), tallies[name], pid))
+            else:
+                asyncio.run(closed_loop(setup.url, bodies, conc, max(1, total // rounds), tallies[name], pid,
+                                        warm_up=10 if r == 0 else 0))
+            if setup.metrics_port:
+                body_messages[name] += response_body_messages(setup.metrics_port) - before
     rows: list[dict[str, Any]] = []
-    bodies = [prompt_body(size, i, shared=size // 2, tokens=tokens) for i in range(32)]
-    for name, (url, picker) in setups.items():
-        res = asyncio.run(closed_loop(url, bodies, conc, total, picker.pid if picker else None))
-        cpu = res.pop("cpu_s")
-        row = {"setup": name, "prompt_bytes": size, "tokens": tokens, "concurrency": conc, **res,
-               "picker_cpu_ms_per_request": cpu * 1e3 / max(1, res["ok"]) if picker else None}
+    for name, setup in setups.items():
+        picker = setup.picker
+        t = tallies[name]
+        ok = len(t.latencies)
+        row = {"setup": name, "prompt_bytes": size, "tokens": tokens, "concurrency": conc, "rate": rate,
+               "token_interval_ms": interval_ms,
+               "rps": ok / t.elapsed_s, "p50_ms": percentile(t.latencies, 50) * 1e3,
+               "p99_ms": percentile(t.latencies, 99) * 1e3, "ok": ok, "failed": t.failed,
+               "picker_cpu_ms_per_request": t.cpu_s * 1e3 / max(1, ok) if picker else None,
+               "response_body_messages_per_request": body_messages[name] / max(1, ok + t.failed) if picker else None}
         rows.append(row)
-        cpu_text = f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req" if picker else ""
-        print(f"  {name:21s} {size // 1024:4d} KB {tokens:4d} tok c={conc:3d}  {res['rps']:7.0f} rps  "
-              f"p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  failed {res['failed']}{cpu_text}",
+        cpu_text = (f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req, "
+                    f"{row['response_body_messages_per_request']:.1f} body msgs/req") if picker else ""
+        load = f"{rate:4.0f}/s" if rate else f"c={conc:3d}"
+        print(f"  {name:21s} {size // 1024:4d} KB {tokens:4d} tok {load}  {row['rps']:7.0f} rps  "
+              f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  failed {t.failed}{cpu_text}",
               flush=True)
     return rows
 
@@ -304,8 +393,9 @@ def through_envoy(tmp: Path, quick: bool) -> list[dict[str, Any]]:
             for tokens in (1, 50, 500):
                 count = n if size <= 16384 else n // 4
                 rows += measure(setups, size, tokens, 1, count // (2 if tokens == 500 else 1))
-        for conc in (8, 32):  # throughput of one picker process, 8 KB, one token
-            rows += measure(setups, 8 * 1024, 1, conc, n * 3)
+        for tokens in (1, 50, 500):  # per-token cost at one request rate, tokens paced like a model's
+            rows += measure(setups, 8 * 1024, tokens, 0, n // 5, rate=10.0, interval_ms=4.0)
+        rows += measure(setups, 8 * 1024, 1, 32, n * 3)  # throughput of one picker process
     return rows
 
 
@@ -318,12 +408,15 @@ def table(decisions: dict[str, dict[str, float]], tokenize: dict[str, float], ro
               "|---|---:|---:|---:|",
               f"| builtin, off the event loop | {tokenize['cold_p50_ms']:.2f} | {tokenize['warm_p50_ms']:.2f} | "
               f"{tokenize['warm_p99_ms']:.2f} |"]
-    lines += ["", "| setup | prompt | tokens | concurrency | req/s | p50 (ms) | p99 (ms) | picker CPU (ms/req) "
-              "| failed |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| setup | prompt | tokens | load | req/s | p50 (ms) | p99 (ms) | picker CPU (ms/req) "
+              "| response-body messages/req | failed |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cpu = "-" if r["picker_cpu_ms_per_request"] is None else f"{r['picker_cpu_ms_per_request']:.2f}"
-        lines.append(f"| {r['setup']} | {r['prompt_bytes'] // 1024} KB | {r['tokens']} | {r['concurrency']} | "
-                     f"{r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cpu} | {r['failed']} |")
+        per = r["response_body_messages_per_request"]
+        msgs = "-" if per is None else f"{per:.1f}"
+        load = f"{r['rate']:.0f}/s, 1 token/{r['token_interval_ms']:g} ms" if r.get("rate") else f"c={r['concurrency']}"
+        lines.append(f"| {r['setup']} | {r['prompt_bytes'] // 1024} KB | {r['tokens']} | {load} | "
+                     f"{r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cpu} | {msgs} | {r['failed']} |")
     return "\n".join(lines)
 
 

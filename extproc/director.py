@@ -176,12 +176,17 @@ class Director:
             return None
         return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)
 
-    def track_usage(self, ctx: RequestContext, decision: Decision) -> UsageTracker | None:
+    def track_usage(self, ctx: RequestContext, decision: Decision, *, sampled: bool | None = None,
+                    ) -> UsageTracker | None:
         """Closed loop for this response, when sampled: the engine's cached_tokens vs the predictions.
 
-        None (the response body is not wanted) unless the usage sampler picks this request.
+        None (the response body is not wanted) unless the request is sampled: `sampled` when the
+        caller already asked the usage sampler (the processor does, at request headers), else the
+        sampler is asked here.
         """
-        if self.feedback is None or ctx.parsed is None or not self.usage_sampler.take():
+        if sampled is None:
+            sampled = self.usage_sampler.take()
+        if self.feedback is None or ctx.parsed is None or not sampled:
             return None
         segments = [len(s) for s in ctx.parsed.segments]
         ep = decision.primary

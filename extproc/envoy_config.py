@@ -9,13 +9,15 @@ per-request `mode_override` (Envoy ignores it while a body mode is FULL_DUPLEX_S
 holds a buffered body up to the listener's per-connection buffer limit, set to
 `--max-request-body-bytes` (413 above it). Responses (`--response-processing`):
 
-- `headers-trailers` (default): response headers and trailers SEND, body NONE. The picker is off
-  the token stream (its cost per request does not grow with the answer's length) and still sees
-  the response end: Envoy keeps the ext_proc stream open until the response is complete when the
-  trailer mode is SEND, and the stream's end releases the in-flight count. With BUFFERED request
-  bodies the picker asks for the response body of a sampled share of requests
-  (`prefix-epp serve --usage-sample-rate`) by `mode_override`; with FULL_DUPLEX_STREAMED request
-  bodies Envoy ignores `mode_override` and the closed loop sees no responses.
+- `end` (default): response trailers SEND, body NONE, headers SKIP with BUFFERED request bodies
+  (SEND with full-duplex ones). The picker is off the token stream (its cost per request does not
+  grow with the answer's length) and still sees the response end: Envoy keeps the ext_proc stream
+  open until the response is complete when the trailer mode is SEND, and the stream's end
+  releases the in-flight count. With BUFFERED request bodies the picker's request_headers reply
+  carries a `mode_override` asking for response headers when it explains decisions and for the
+  response body of a sampled share of requests (`prefix-epp serve --usage-sample-rate`); with
+  FULL_DUPLEX_STREAMED request bodies Envoy ignores `mode_override` and the closed loop sees no
+  responses. Skipping the response headers saves one of the exchanges of every request.
 - `full-duplex`: the Inference Extension's reference configuration: every response chunk makes a
   round trip through the picker (about 0.1 ms of picker CPU per streamed token).
 - `none`: no response processing; Envoy ends the ext_proc stream once the request is forwarded,
@@ -52,7 +54,7 @@ _TYPE = "@type"
 _MAX_BODY = EppConfig().max_request_body_bytes
 
 
-RESPONSE_PROCESSING = ("headers-trailers", "full-duplex", "none")
+RESPONSE_PROCESSING = ("end", "full-duplex", "none")
 REQUEST_BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
 
 
@@ -62,12 +64,14 @@ def processing_mode(request_body_mode: str, response_processing: str) -> dict[st
         raise ValueError(f"request body mode must be one of {REQUEST_BODY_MODES}, got {request_body_mode!r}")
     if response_processing not in RESPONSE_PROCESSING:
         raise ValueError(f"response processing must be one of {RESPONSE_PROCESSING}, got {response_processing!r}")
+    duplex = request_body_mode == "FULL_DUPLEX_STREAMED"
     responses = response_processing != "none"
     return {
         "request_header_mode": "SEND",
         "request_body_mode": request_body_mode,
-        "request_trailer_mode": "SEND" if request_body_mode == "FULL_DUPLEX_STREAMED" else "SKIP",
-        "response_header_mode": "SEND" if responses else "SKIP",
+        "request_trailer_mode": "SEND" if duplex else "SKIP",
+        # With BUFFERED bodies the picker asks for response headers per request when it wants them.
+        "response_header_mode": "SEND" if responses and (duplex or response_processing == "full-duplex") else "SKIP",
         "response_body_mode": "FULL_DUPLEX_STREAMED" if response_processing == "full-duplex" else "NONE",
         "response_trailer_mode": "SEND" if responses else "SKIP",
     }
@@ -76,7 +80,7 @@ def processing_mode(request_body_mode: str, response_processing: str) -> dict[st
 def build_config(
     listen_port: int, epp: str, admin_port: int = 0, *, listen_address: str = "127.0.0.1",
     epp_tls: bool = True, request_body_mode: str = "BUFFERED",
-    response_processing: str = "headers-trailers", max_request_body_bytes: int = _MAX_BODY,
+    response_processing: str = "end", max_request_body_bytes: int = _MAX_BODY,
     route_timeout_s: int = 86400, failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     epp_host, epp_port = split_host_port(epp)
@@ -242,10 +246,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--request-body-mode", choices=["buffered", "full-duplex-streamed"], default="buffered",
                    help="ext_proc request body mode: buffered (Envoy then honours the picker's per-request "
                         "mode_override) or the Inference Extension's full-duplex-streamed")
-    p.add_argument("--response-processing", choices=RESPONSE_PROCESSING, default="headers-trailers",
-                   help="what of each response the picker sees: headers and trailers (default; sampled bodies "
-                        "with buffered request bodies), every body chunk (the reference full-duplex config), "
-                        "or nothing")
+    p.add_argument("--response-processing", choices=RESPONSE_PROCESSING, default="end",
+                   help="what of each response the picker sees: its end (trailers SEND; with buffered request "
+                        "bodies the picker asks per request for headers and sampled bodies), every body chunk "
+                        "(the reference full-duplex config), or nothing")
     p.add_argument("--max-request-body-bytes", type=int, default=_MAX_BODY,
                    help="with buffered request bodies, Envoy's per-connection buffer limit (match the picker's)")
     p.add_argument("--failure-mode-allow", type=parse_bool, nargs="?", const=True, default=False, metavar="BOOL",

@@ -18,12 +18,12 @@ def ext_proc(cfg: dict[str, object]) -> dict[str, object]:
     return filt["typed_config"]  # type: ignore[no-any-return]
 
 
-def test_default_is_buffered_requests_and_headers_trailers_responses() -> None:
+def test_default_is_buffered_requests_and_the_response_end_only() -> None:
     cfg = build_config(8081, "127.0.0.1:9002")
     ep = ext_proc(cfg)
     assert ep["processing_mode"] == {
         "request_header_mode": "SEND", "request_body_mode": "BUFFERED", "request_trailer_mode": "SKIP",
-        "response_header_mode": "SEND", "response_body_mode": "NONE", "response_trailer_mode": "SEND",
+        "response_header_mode": "SKIP", "response_body_mode": "NONE", "response_trailer_mode": "SEND",
     }
     assert ep["allow_mode_override"] is True
     listener = cfg["static_resources"]["listeners"][0]  # type: ignore[index]
@@ -35,6 +35,7 @@ def test_full_duplex_reference_and_no_buffer_limit() -> None:
                        response_processing="full-duplex")
     mode = ext_proc(cfg)["processing_mode"]
     assert mode["request_trailer_mode"] == "SEND"  # type: ignore[index]
+    assert mode["response_header_mode"] == "SEND"  # type: ignore[index]
     assert mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"  # type: ignore[index]
     assert "per_connection_buffer_limit_bytes" not in cfg["static_resources"]["listeners"][0]  # type: ignore[index]
     assert processing_mode("BUFFERED", "none")["response_trailer_mode"] == "SKIP"

@@ -13,24 +13,26 @@ message is answered with the destination header mutation and metadata; the body 
 
 A request without a body (request_headers.end_of_stream) is routed at once in the headers reply.
 
-Response path. The default wiring (`prefix-epp envoy-config`) sends response headers and trailers
-but no response body: the picker costs the same whatever the length of the answer.
+Response path. The default wiring (`prefix-epp envoy-config`: BUFFERED request bodies, response
+trailers SEND, response headers SKIP, response body NONE) keeps the picker off the token stream:
+its cost per request does not depend on the length of the answer.
 
-    Envoy -> response_headers           picker -> response_headers (+ explanation header, + mode_override)
+    picker -> request_headers response  (+ mode_override: what of this response to send)
+    [Envoy -> response_headers          picker -> + explanation header (--explain-decisions only)]
     [Envoy -> response_body x K         picker -> an empty reply each (STREAMED, sampled requests only)]
     Envoy -> response_trailers          picker -> empty trailers response (only if the upstream sent some)
     stream end                          (Envoy closes the stream when the response is complete)
 
-Completion (in-flight release) is the response's end: response body end_of_stream, response
-trailers, or else the end of the gRPC stream, which Envoy keeps open until the response is
-complete as long as the trailer mode is SEND. The closed loop (server/usage.py) needs the body:
-for the requests the usage sampler picks, the response_headers reply carries a `mode_override`
-asking for the response body in STREAMED mode, and for the others one that asks for none with
-trailers SEND (so a gateway that statically skips trailers still keeps the stream open until the
-end). Envoy ignores `mode_override` whenever its static request or response body mode is
-FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage); then the static mode rules: with
-FULL_DUPLEX_STREAMED response bodies every chunk is echoed back (the reference configuration)
-and only sampled requests feed the usage parser.
+The per-request `mode_override` in the request_headers reply (BUFFERED requests, and bodiless
+ones routed there) sets response trailers SEND, so Envoy keeps the ext_proc stream open until the
+response is complete even where the gateway statically skips trailers (Envoy Gateway); response
+headers SEND only with --explain-decisions; the response body in STREAMED mode only for the
+requests the usage sampler picks (the closed loop, server/usage.py). Completion (in-flight
+release) is the response's end: a response body's end_of_stream, the response trailers, or else
+the end of the gRPC stream. Envoy ignores `mode_override` in any other reply and whenever its
+static request or response body mode is FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage);
+then the static mode rules: with FULL_DUPLEX_STREAMED response bodies (the reference
+configuration) every chunk is echoed back and only sampled requests feed the usage parser.
 
 With an asynchronous tokenizer (precise mode) the complete body is first handed to
 `Director.prepare`, awaited, before routing, so tokenization never runs on the event loop.
@@ -71,7 +73,7 @@ _WANTED_HEADERS = frozenset({
 
 class StreamProcessor:
     __slots__ = ("_body", "_body_bytes", "_body_done", "_director", "_endpoint", "_explain", "_metrics",
-                 "_new_request_id", "_request_mode", "_response_mode", "_usage", "ctx", "decision")
+                 "_new_request_id", "_request_mode", "_response_mode", "_sampled", "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool) -> None:
         self._director = director
@@ -87,6 +89,7 @@ class StreamProcessor:
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _NONE
         self._usage: UsageTracker | None = None
+        self._sampled: bool | None = None  # asked of the usage sampler at request headers, or not yet
 
     async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
         try:
@@ -142,10 +145,16 @@ class StreamProcessor:
         if not ctx.request_id:
             ctx.request_id = self._new_request_id = self._director.new_request_id()
         if msg.request_headers.end_of_stream:
-            return [self._route_bodiless()]
-        if self._request_mode == _BUFFERED or self._request_mode == mode_pb.ProcessingMode.STREAMED:
-            return [R.empty_request_headers()]
-        return []
+            resp = self._route_bodiless()
+        elif self._request_mode == _BUFFERED or self._request_mode == mode_pb.ProcessingMode.STREAMED:
+            resp = R.empty_request_headers()
+        else:
+            return []  # FULL_DUPLEX_STREAMED: the headers reply waits for the decision
+        if self._response_mode != _FULL_DUPLEX and not resp.HasField("immediate_response"):
+            # Envoy honours mode_override only in a headers reply and without full-duplex bodies.
+            self._sampled = self._director.usage_sampler.take()
+            R.override_response_mode(resp, self._request_mode, headers=self._explain, body=self._sampled)
+        return [resp]
 
     def on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self._body_done:
@@ -186,7 +195,8 @@ class StreamProcessor:
         self._metrics.observe_decision(time.perf_counter() - start)
         self.decision = decision
         self._endpoint = decision.primary
-        self._usage = self._director.track_usage(ctx, decision)
+        if self._sampled or self._response_mode == _FULL_DUPLEX:  # else no response body will come
+            self._usage = self._director.track_usage(ctx, decision, sampled=self._sampled)
         if decision.total_blocks:
             self._metrics.observe_hit_ratio(decision.matched_blocks / decision.total_blocks)
         model = ctx.parsed.model if ctx.parsed else ""
@@ -222,14 +232,10 @@ class StreamProcessor:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
         elif self._explain and self._endpoint is not None:
             extra = ((EXPLAIN_HEADER, f"endpoint={self._endpoint.key}; bodiless"),)
-        resp = R.response_headers(extra)
         if headers.end_of_stream:
             self._usage = None
             self._complete()
-        elif self._request_mode != _FULL_DUPLEX and self._response_mode != _FULL_DUPLEX:
-            # Envoy honours mode_override only here (see the module docstring).
-            R.override_response_mode(resp, self._request_mode, body=self._usage is not None)
-        return [resp]
+        return [R.response_headers(extra)]
 
     def on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         usage = self._usage

@@ -101,17 +101,20 @@ def echo_request_body(chunks: list[bytes], out: list[pb.ProcessingResponse]) -> 
 _MODE = mode_pb.ProcessingMode
 
 
-def override_response_mode(resp: pb.ProcessingResponse, request_body_mode: int, *, body: bool) -> None:
-    """Ask Envoy, for this request only, for the response body (STREAMED) or for none.
+def override_response_mode(resp: pb.ProcessingResponse, request_body_mode: int, *, headers: bool,
+                           body: bool) -> None:
+    """Set, for this request only, what of the response Envoy sends the picker.
 
-    Trailers stay SEND either way: Envoy then keeps the ext_proc stream open until the response is
-    complete, which is when the picker releases the request's in-flight count. The request side
-    repeats the static request mode (the request is already past it).
+    Response headers only when wanted (the decision explanation), the body (STREAMED) only for
+    the usage sample, and trailers always: Envoy then keeps the ext_proc stream open until the
+    response is complete, which is when the picker releases the request's in-flight count. The
+    request side keeps the static request body mode (the body is still to come).
     """
     override = resp.mode_override
     override.request_header_mode = _MODE.SEND
     override.request_body_mode = request_body_mode  # type: ignore[assignment]
-    override.response_header_mode = _MODE.SEND
+    override.request_trailer_mode = _MODE.SKIP
+    override.response_header_mode = _MODE.SEND if headers else _MODE.SKIP
     override.response_body_mode = _MODE.STREAMED if body else _MODE.NONE
     override.response_trailer_mode = _MODE.SEND
 

@@ -165,9 +165,9 @@ def test_envoy_gateway_calls_the_picker_off_the_token_stream(render: Render, nam
     policy = find(objs, "EnvoyExtensionPolicy")
     _route_target(policy, route)
     [ext] = policy["spec"]["extProc"]
-    # Buffered request bodies, response headers only; the picker's mode_override (honoured only
+    # Buffered request bodies, nothing of the response; the picker's mode_override (honoured only
     # without FullDuplexStreamed bodies) asks for trailers and the sampled response bodies.
-    assert ext["processingMode"] == {"request": {"body": "Buffered"}, "response": {}, "allowModeOverride": True}
+    assert ext["processingMode"] == {"request": {"body": "Buffered"}, "allowModeOverride": True}
     assert ext["failOpen"] is False
     client = find(objs, "ClientTrafficPolicy")
     gateway = find(objs, "Gateway")

@@ -88,7 +88,7 @@ def picker_for(tmp: Path, endpoints: list[str], *extra: str, secure: bool = Fals
 @contextlib.contextmanager
 def stack(tmp: Path, n_backends: int = 3, *picker_args: str, secure: bool = False, delay: float = 0.0,
           envoy_endpoints: bool = False, dead_endpoints: tuple[str, ...] = (),
-          request_body_mode: str = "BUFFERED", response_processing: str = "headers-trailers") -> Iterator[Stack]:
+          request_body_mode: str = "BUFFERED", response_processing: str = "end") -> Iterator[Stack]:
     with echo_backends(tmp, n_backends, delay) as backends:
         endpoints = [*dead_endpoints, *backends]
         picker = picker_for(tmp, endpoints, *picker_args, secure=secure)

@@ -42,15 +42,19 @@ def predictions(app: object) -> float:
 async def test_override_asks_for_the_sampled_bodies_only_and_always_for_trailers() -> None:
     app = make_app(usage_sample_rate=0.5)
     overrides = []
-    for _ in range(4):
+    for explain in (False, False, True, True):
         out = await drive(app, [with_modes(headers_msg(body_mode=BUFFERED), BUFFERED, NONE),
-                                *body_msgs(completion()), response_headers()])
-        reply = out[-1]
-        assert reply.HasField("response_headers") and reply.HasField("mode_override")
+                                *body_msgs(completion())], explain=explain)
+        reply = out[0]  # the request_headers reply, where Envoy honours mode_override
+        assert reply.HasField("request_headers") and reply.HasField("mode_override")
         o = reply.mode_override
         assert o.response_trailer_mode == SEND and o.request_body_mode == BUFFERED
+        assert o.response_header_mode == (SEND if explain else mode.ProcessingMode.SKIP)
         overrides.append(o.response_body_mode)
+        assert not any(r.HasField("mode_override") for r in out[1:])
     assert overrides == [NONE, STREAMED, NONE, STREAMED]  # 0.5: every second request, evenly
+    bodiless = await drive(app, [with_modes(headers_msg("/v1/models", eos=True, body_mode=BUFFERED), BUFFERED, NONE)])
+    assert bodiless[0].mode_override.response_trailer_mode == SEND  # in flight until its response ends
 
 
 async def test_no_override_while_a_body_mode_is_full_duplex() -> None:
@@ -58,7 +62,7 @@ async def test_no_override_while_a_body_mode_is_full_duplex() -> None:
     for request, response in ((DUPLEX, NONE), (BUFFERED, DUPLEX), (DUPLEX, DUPLEX)):
         out = await drive(app, [with_modes(headers_msg(body_mode=request), request, response),
                                 *body_msgs(completion()), response_headers()])
-        assert not out[-1].HasField("mode_override")  # Envoy would ignore it
+        assert not any(r.HasField("mode_override") for r in out)  # Envoy would ignore it
 
 
 async def test_sampled_streamed_body_feeds_the_closed_loop_with_empty_replies() -> None:

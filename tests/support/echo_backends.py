@@ -7,7 +7,8 @@ A JSON body with `"stream": true` gets a server-sent-events answer instead: five
 An optional `--delay S` holds each response, so concurrent requests overlap; `--trivial` answers
 a fixed tiny JSON without reading headers or hashing (for overhead benchmarks); a `--trivial`
 backend streams when the body's first 256 bytes say `"stream": true`: `max_tokens` (from the same
-bytes, default 1) SSE chunks written back to back, then `data: [DONE]`.
+bytes, default 1) SSE chunks, `"interval_ms"` apart (back to back without it, which lets Envoy
+coalesce them), then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -21,15 +22,20 @@ import signal
 from aiohttp import web
 
 _MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d+)')
+_INTERVAL_MS = re.compile(rb'"interval_ms":\s*(\d+(?:\.\d+)?)')
 
 
 async def _trivial_stream(request: web.Request, head: bytes, name: str) -> web.StreamResponse:
     m = _MAX_TOKENS.search(head)
     tokens = int(m.group(1)) if m else 1
+    m = _INTERVAL_MS.search(head)
+    interval = float(m.group(1)) / 1000 if m else 0.0
     resp = web.StreamResponse(headers={"content-type": "text/event-stream", "x-served-by": name})
     await resp.prepare(request)
     chunk = b'data: {"choices": [{"index": 0, "text": " tok"}]}\n\n'
-    for _ in range(tokens):
+    for i in range(tokens):
+        if interval and i:
+            await asyncio.sleep(interval)
         await resp.write(chunk)
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()

@@ -27,7 +27,7 @@ def envoy_binary() -> str:
 
 @contextlib.contextmanager
 def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_mode: str = "BUFFERED",
-              response_processing: str = "headers-trailers", name: str = "envoy",
+              response_processing: str = "end", name: str = "envoy",
               endpoints: tuple[str, ...] = ()) -> Iterator[tuple[Proc, int, int]]:
     """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections."""
     listen, admin = free_port(), free_port()
