@@ -369,10 +369,13 @@ def measure(setups: dict[str, Setup], size: int, tokens: int, conc: int,
                "rps": ok / t.elapsed_s, "p50_ms": percentile(t.latencies, 50) * 1e3,
                "p99_ms": percentile(t.latencies, 99) * 1e3, "ok": ok, "failed": t.failed,
                "picker_cpu_ms_per_request": t.cpu_s * 1e3 / max(1, ok) if picker else None,
-               "response_body_messages_per_request": body_messages[name] / max(1, ok + t.failed) if picker else None}
+               # Counted from prefix-epp's /metrics; the Go picker's has no such count.
+               "response_body_messages_per_request": (body_messages[name] / max(1, ok + t.failed)
+                                                      if setup.metrics_port else None)}
         rows.append(row)
-        cpu_text = (f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req, "
-                    f"{row['response_body_messages_per_request']:.1f} body msgs/req") if picker else ""
+        per = row["response_body_messages_per_request"]
+        cpu_text = (f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req"
+                    + ("" if per is None else f", {per:.1f} body msgs/req")) if picker else ""
         load = f"{rate:4.0f}/s" if rate else f"c={conc:3d}"
         print(f"  {name:21s} {size // 1024:4d} KB {tokens:4d} tok {load}  {row['rps']:7.0f} rps  "
               f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  failed {t.failed}{cpu_text}",
