@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint typecheck unit demo bench protos peers clean
+.PHONY: all test lint typecheck unit image demo bench protos peers clean fuzz soak
 
 all: test
 
@@ -23,11 +23,29 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy extproc tests bench protos
 
-test: $(STAMP) lint typecheck peers
+# The container image, built for real (podman and debootstrap are installed with apt-get when
+# missing; the Python base is cached under .cache/image/): scripts/build-image.sh.
+# tests/deploy/test_image_build.py smoke-tests it.
+image:
+	bash scripts/build-image.sh
+
+test: $(STAMP) lint typecheck image peers
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not e2e"
+
+# Property-based fuzzing of the ext_proc stream state machine: 2 properties x FUZZ_EXAMPLES cases
+# (100,000 in all by default; `make test` runs 150 of each, derandomized).
+FUZZ_EXAMPLES ?= 50000
+fuzz: $(STAMP)
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_FRESH=1 $(VENV)/bin/pytest -q -p no:cacheprovider -o timeout=0 tests/fuzz
+
+# Mixed traffic through real Envoy for SOAK_SECONDS (default 30 min); RSS, index size, in-flight and
+# open streams must stay flat. Report: bench/results/soak.{json,md}. `make test` runs a short one.
+SOAK_SECONDS ?= 1800
+soak: $(STAMP)
+	$(PY) -m bench.soak --seconds $(SOAK_SECONDS) --out bench/results/soak
 
 demo: $(STAMP)
 	$(PY) -m bench.demo

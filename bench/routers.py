@@ -15,8 +15,9 @@ then KILL). Setups, all in front of the same replicas:
   Whenever the replicas publish events, plain `prefix-epp` also gets them, with `--kv-events`
   (it still routes approximately), so both setups report both scorers' closed-loop accuracy.
 - `go-epp`: the Go endpoint picker of the Gateway API Inference Extension v1.5.0 with its
-  default configuration, behind the same Envoy configuration as prefix-epp, reading its pool and
-  pods from a real kube-apiserver (`bench.peers.go_epp`). Available when Go is installed or the
+  default configuration, behind Envoy with the reference ext_proc modes (full-duplex request and
+  response bodies) and the same override_host cluster, reading its pool and pods from a real
+  kube-apiserver (`bench.peers.go_epp`). Available when Go is installed or the
   binary is already cached (`go_epp_available`).
 - `sglang-router`: sglang-router 0.3.2, `--policy cache_aware` with its defaults, `--host
   127.0.0.1` and its own `--prometheus-port`. The simulator serves no /server_info or
@@ -187,6 +188,13 @@ def sglang_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
         yield Router("sglang-router", f"http://127.0.0.1:{port}", (proc,))
 
 
+def picker_flags(name: str, replicas_publish_events: bool) -> tuple[str, ...]:
+    """The flags a prefix-epp setup adds to the picker's defaults (the README's setup names them)."""
+    if name == "prefix-epp-precise":
+        return ("--prefix-scorer", "precise")
+    return ("--kv-events",) if replicas_publish_events else ()
+
+
 def start(name: str, tmp: Path, backends: Sequence[str], picker_args: Sequence[str] = (),
           kv_events: Sequence[str] = ()) -> contextlib.AbstractContextManager[Router]:
     """The router setup called `name` (one of ROUTERS) in front of `backends`.
@@ -198,12 +206,9 @@ def start(name: str, tmp: Path, backends: Sequence[str], picker_args: Sequence[s
         return envoy_lb(tmp, name, backends)
     if name in KV_EVENT_ROUTERS:
         endpoints = [f"{b}@{e}" for b, e in zip(backends, kv_events, strict=True)] if kv_events else []
-        if name == "prefix-epp-precise":
-            if not endpoints:
-                raise ValueError("prefix-epp-precise needs replicas that publish KV events")
-            extra: tuple[str, ...] = ("--prefix-scorer", "precise")
-        else:
-            extra = ("--kv-events",) if endpoints else ()
+        if name == "prefix-epp-precise" and not endpoints:
+            raise ValueError("prefix-epp-precise needs replicas that publish KV events")
+        extra = picker_flags(name, bool(endpoints))
         return prefix_epp_router(tmp, backends, (*extra, *picker_args), name, endpoints)
     if name == "sglang-router":
         return sglang_router(tmp, backends)

@@ -75,6 +75,7 @@ class DiscoveryConfig:
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
     stop_timeout_s: float = 2.0  # bounded wait for the watch threads at shutdown
+    objective_recheck_interval_s: float = 60.0  # probe again for a missing InferenceObjective CRD
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,59 @@ class KVEventsConfig:
 
 
 @dataclass(frozen=True)
+class ProxyTrafficConfig:
+    """Envoy-side traffic defaults for the model route: `prefix-epp envoy-config` and the Helm
+    chart's BackendTrafficPolicy both use these (tests/deploy checks the chart against them)."""
+
+    # Circuit breaker of the model cluster. Envoy's default of 1,024 concurrent requests per
+    # cluster answers 503 (overflow) above that; one Envoy in front of a large vLLM pool holds
+    # thousands of long generations at once.
+    max_connections: int = 40000
+    max_pending_requests: int = 40000
+    max_parallel_requests: int = 40000
+    max_parallel_retries: int = 1024
+    # Retries walk the picker's fallback list (only when max_endpoints > 1, one retry per
+    # fallback). Only failures before the request reached a model server or before it answered
+    # with headers: a generation is never retried after its response started.
+    retry_on: tuple[str, ...] = ("connect-failure", "refused-stream", "reset-before-request",
+                                 "retriable-status-codes")
+    retriable_status_codes: tuple[int, ...] = (502, 503, 504)
+    retry_backoff_base_ms: int = 25
+    # Whole-request timeout: long generations (minutes of streamed tokens) must not be cut.
+    route_timeout_s: int = 3600
+    connect_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """Peer sync of the prefix index between picker replicas (extproc/sync/)."""
+
+    port: int = 0  # --sync-port: 0 = no sync
+    peers: tuple[str, ...] = ()  # --peers host:port,...: static peers (a replica may list itself)
+    peer_selector: str = ""  # --peer-selector: Kubernetes label selector of the picker's own pods
+    secret_file: str = ""  # --sync-secret-file; else env PREFIX_EPP_SYNC_SECRET
+    flush_interval_s: float = 0.02  # local decisions are batched this long before they are sent
+    max_batch_records: int = 1024  # records per frame at most
+    max_batch_hashes: int = 262144  # hashes per frame at most (2 MB), unless one record has more
+    pending_limit: int = 16384  # records waiting for the next flush; beyond: dropped and counted
+    peer_queue_frames: int = 256  # frames waiting per peer; beyond: dropped and counted
+    warm_timeout_s: float = 5.0  # --sync-warm-timeout: ready after this even if no peer sent a snapshot
+    snapshot_chunk_hashes: int = 32768  # hashes per snapshot frame (256 KB)
+    max_frame_bytes: int = 16 * 1024 * 1024  # a larger frame (after decompression) is refused
+    max_clock_skew_s: float = 120.0  # frames stamped further from our clock are refused (replays)
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 1.0  # a Hello per second to a peer that is down: cheap, and it rejoins fast
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """Graceful stop on SIGTERM (extproc/drain.py)."""
+
+    timeout_s: float = 30.0  # --drain-timeout: = the chart's terminationGracePeriodSeconds
+    idle_s: float = 1.0  # exit once no ext_proc stream has been open for this long
+
+
+@dataclass(frozen=True)
 class EppConfig:
     grpc_port: int = 9002
     grpc_health_port: int = 9003
@@ -116,10 +170,13 @@ class EppConfig:
     explain_decisions: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)
     # Share of routed requests whose response body the picker asks for (the closed loop of
-    # server/usage.py). A sampled streamed answer costs a round trip per chunk, ~0.09 ms of picker
-    # CPU per token (bench/overhead.py: ~45 ms for 500 tokens against ~2 ms for a request), so 0.2 %
-    # adds ~0.09 ms to the average 500-token request and still gives 720 samples an hour at 100 req/s.
+    # server/usage.py). A sampled streamed answer costs a round trip per chunk, ~0.07 ms of picker
+    # CPU per token (bench/overhead.py: ~37 ms for 500 tokens against ~2 ms for a request), so 0.2 %
+    # adds ~0.07 ms to the average 500-token request and still gives 720 samples an hour at 100 req/s.
     usage_sample_rate: float = 0.002
+    # All streams' buffered bodies together (429 + Retry-After beyond): a quarter of the chart's 2 GiB
+    # memory limit (extproc/server/body_budget.py).
+    max_buffered_bytes: int = 512 * 1024 * 1024
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval_s: float = 0.05
     metrics_staleness_threshold_s: float = 2.0
@@ -133,7 +190,13 @@ class EppConfig:
     metrics_source: MetricsSourceConfig = field(default_factory=MetricsSourceConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    workers: int = 1  # --workers: picker processes sharing the ext_proc port (extproc/workers.py)
     seed: int | None = None
+    # Model names that keep their own metric label (besides those the engines report); any other
+    # client-chosen name is counted as "other" (extproc/metrics/labels.py).
+    model_names: tuple[str, ...] = ()
 
 
 def defaults_of(cls: type) -> dict[str, object]:

@@ -1,7 +1,15 @@
 """The datastore: the endpoints the picker may route to, their load and their scraped metrics.
 
 Background tasks (discovery, metrics scraping) write it through explicit methods; the request path
-only reads it and moves in-flight counters. Everything runs on one asyncio loop, so no locks.
+only reads it and moves in-flight counters. Everything runs on one asyncio loop, so no locks:
+
+- ext_proc streams (request path): read `snapshot`, `acquire`/`release`;
+- static and Kubernetes discovery: `set_endpoints`, `upsert`, `remove` (the watch threads only
+  read the API server and hand each event to the loop with `call_soon_threadsafe`);
+- metrics scraper and KV-event manager: `set_metrics`, read `snapshot` (supervised tasks,
+  extproc/supervise.py);
+- /metrics collection: reads `snapshot` and the endpoints' counters (aiohttp on the loop,
+  extproc/metrics/http.py).
 
 - `set_endpoints(specs)` replaces the whole set (static discovery, a full Kubernetes relist);
   `upsert`/`remove` apply single changes (watch events). Removal notifies listeners at once, which
@@ -61,6 +69,7 @@ class ModelServerMetrics:
     running_loras: frozenset[str] = frozenset()
     waiting_loras: frozenset[str] = frozenset()
     max_lora: int = 0
+    model_names: frozenset[str] = frozenset()  # model_name labels of the engine's own series
     updated_at: float = 0.0  # time.monotonic() of the last successful scrape
     ok: bool = False  # False after a failed scrape
 

@@ -8,7 +8,9 @@ route(ctx):
 4. Admission (saturation: sheddable requests get 429 while the pool is saturated).
 5. Hash the prompt into prefix blocks and, with KV events on, tokenize it (extproc/tokenize.py)
    into token-block keys for the precise index; then run the scheduler.
-6. Count the request in flight on the chosen endpoint until `complete()`.
+6. Count the request in flight on the chosen endpoint until `complete()`; if the proxy reports
+   (x-gateway-destination-endpoint-served) that a fallback served it, `served_by` moves the
+   count and the prefix-index record to that endpoint.
 
 In precise mode the processor awaits `prepare(ctx, body)` once the body is complete and before
 `route`: it parses the body and tokenizes it off the event loop (local tokenizers in a worker
@@ -146,6 +148,22 @@ class Director:
 
     def complete(self, ep: Endpoint) -> None:
         self.datastore.release(ep)
+
+    def served_by(self, decision: Decision, current: Endpoint, served: str) -> Endpoint:
+        """The proxy reports that `served` (ip:port) answered the request. If that is another
+        endpoint of the decision's list, move the in-flight count and the prefix-index record
+        there and return it; otherwise (unknown, not ours to move to, or the same) keep `current`.
+        Only endpoints we returned are accepted, so a forged report cannot shift load elsewhere."""
+        wanted = _parse_endpoint_list([served])
+        target = next((ep for ep in decision.endpoints if _matches(ep, wanted)), None)
+        if target is None or target.key == current.key:
+            return current
+        moved = self.datastore.acquire(target.key)
+        if moved is None:  # left the pool meanwhile
+            return current
+        self.datastore.release(current)
+        self.scheduler.reassign(decision, moved)
+        return moved
 
     # -- precise prefix routing and the closed loop --------------------------------------------
     @property

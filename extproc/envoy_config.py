@@ -14,12 +14,13 @@ holds a buffered body up to the listener's per-connection buffer limit, set to
   grow with the answer's length) and still sees the response end: Envoy keeps the ext_proc stream
   open until the response is complete when the trailer mode is SEND, and the stream's end
   releases the in-flight count. With BUFFERED request bodies the picker's request_headers reply
-  carries a `mode_override` asking for response headers when it explains decisions and for the
-  response body of a sampled share of requests (`prefix-epp serve --usage-sample-rate`); with
+  carries a `mode_override` asking for response headers when it explains decisions or returns
+  fallbacks (to read the served endpoint, below) and for the response body of a sampled share
+  of requests (`prefix-epp serve --usage-sample-rate`); with
   FULL_DUPLEX_STREAMED request bodies Envoy ignores `mode_override` and the closed loop sees no
   responses. Skipping the response headers saves one of the exchanges of every request.
 - `full-duplex`: the Inference Extension's reference configuration: every response chunk makes a
-  round trip through the picker (about 0.1 ms of picker CPU per streamed token).
+  round trip through the picker (about 0.07 ms of picker CPU per streamed token, bench/overhead.py).
 - `none`: no response processing; Envoy ends the ext_proc stream once the request is forwarded,
   so in-flight counts drop before the response even starts (not a supported setup).
 
@@ -28,9 +29,23 @@ Upstream routing:
 - without `--endpoints`: an ORIGINAL_DST cluster reads the destination from the metadata, so any
   pod IP the picker discovers is reachable. It takes a single `ip:port` (use --max-endpoints 1).
 - with `--endpoints`: a STATIC cluster of those endpoints with the override_host load-balancing
-  policy, which accepts the picker's ordered fallback list (`ip:port,ip:port`); the route retries
-  connection failures on the next endpoint of the list.
- Envoy never reads the `x-gateway-destination-endpoint` request
+  policy, which accepts the picker's ordered fallback list (`ip:port,ip:port`).
+
+Traffic defaults (extproc/config.py `ProxyTrafficConfig`, shared with the Helm chart): circuit
+breakers sized for thousands of concurrent generations; a one-hour route timeout; and, when
+`--max-endpoints` > 1, a retry policy that walks the picker's fallback list (one retry per
+fallback) on failures before the model server answered: connect failure, refused stream, reset
+before the request was sent, or a 502/503/504 status. Once response headers have arrived nothing
+is retried, so a generation never runs twice after its response started.
+
+Served endpoint (Endpoint Picker Protocol): the route adds the response header
+`x-gateway-destination-endpoint-served: %UPSTREAM_HOST%` (the address that really answered,
+overwriting anything the model server sent), a header-to-metadata filter copies it into the
+`envoy.lb` dynamic metadata, and ext_proc forwards that namespace to the picker on the response
+path (`metadata_options.forwarding_namespaces`), so the picker can move its accounting from the
+first choice to a fallback that served the request.
+
+Envoy never reads the `x-gateway-destination-endpoint` request
 header for routing, so a client that forges it steers nothing, even while the picker is down
 (fail-closed: Envoy answers 500 until the picker is back).
 
@@ -44,11 +59,11 @@ from typing import Any
 
 import yaml
 
-from extproc.config import EppConfig
+from extproc.config import EppConfig, ProxyTrafficConfig
 from extproc.datastore import split_host_port
 from extproc.serve import parse_bool
 from extproc.server.health import EXT_PROC_SERVICE
-from extproc.server.responses import DESTINATION_HEADER, LB_NAMESPACE
+from extproc.server.responses import DESTINATION_HEADER, LB_NAMESPACE, SERVED_HEADER
 
 _TYPE = "@type"
 _MAX_BODY = EppConfig().max_request_body_bytes
@@ -81,8 +96,10 @@ def build_config(
     listen_port: int, epp: str, admin_port: int = 0, *, listen_address: str = "127.0.0.1",
     epp_tls: bool = True, request_body_mode: str = "BUFFERED",
     response_processing: str = "end", max_request_body_bytes: int = _MAX_BODY,
-    route_timeout_s: int = 86400, failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (),
+    failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (), max_endpoints: int = 1,
+    traffic: ProxyTrafficConfig | None = None,
 ) -> dict[str, Any]:
+    traffic = traffic or ProxyTrafficConfig()
     epp_host, epp_port = split_host_port(epp)
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
@@ -93,7 +110,8 @@ def build_config(
             "message_timeout": "1000s",
             "processing_mode": processing_mode(request_body_mode, response_processing),
             "allow_mode_override": True,
-            "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+            "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+                                 "forwarding_namespaces": {"untyped": [LB_NAMESPACE]}},
         },
     }
     hcm = {
@@ -104,11 +122,12 @@ def build_config(
             "name": "inference",
             "virtual_hosts": [{
                 "name": "all", "domains": ["*"],
-                "routes": [{"match": {"prefix": "/"}, "route": _route(route_timeout_s, bool(endpoints))}],
+                "routes": [_route(traffic, max_endpoints)],
             }],
         },
         "http_filters": [
             ext_proc,
+            _served_to_metadata(),
             {"name": "envoy.filters.http.router",
              "typed_config": {_TYPE: "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
         ],
@@ -125,8 +144,7 @@ def build_config(
                     "initial_stream_window_size": 65536, "initial_connection_window_size": 1048576}},
             },
         },
-        "circuit_breakers": {"thresholds": [{"max_connections": 40000, "max_pending_requests": 40000,
-                                             "max_requests": 40000}]},
+        "circuit_breakers": _circuit_breakers(traffic),
         "health_checks": [{
             "timeout": "2s", "interval": "2s", "no_traffic_interval": "2s", "unhealthy_threshold": 3,
             "healthy_threshold": 1,
@@ -144,14 +162,13 @@ def build_config(
                 "common_tls_context": {"validation_context": {}, "alpn_protocols": ["h2"]},
             },
         }
-    picked_cluster = _override_host_cluster(endpoints) if endpoints else {
+    picked_cluster = _override_host_cluster(endpoints, traffic) if endpoints else {
         "name": "picked",
         "type": "ORIGINAL_DST",
         "lb_policy": "CLUSTER_PROVIDED",
-        "connect_timeout": "5s",
+        "connect_timeout": f"{traffic.connect_timeout_s}s",
         "original_dst_lb_config": {"metadata_key": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}},
-        "circuit_breakers": {"thresholds": [{"max_connections": 40000, "max_pending_requests": 40000,
-                                             "max_requests": 40000}]},
+        "circuit_breakers": _circuit_breakers(traffic),
     }
     config: dict[str, Any] = {
         "static_resources": {
@@ -173,16 +190,45 @@ def build_config(
     return config
 
 
-def _route(timeout_s: int, retries: bool) -> dict[str, Any]:
-    route: dict[str, Any] = {"cluster": "picked", "timeout": f"{timeout_s}s"}
-    if retries:
-        # override_host moves to the next endpoint of the picker's list on each retry.
-        route["retry_policy"] = {"retry_on": "connect-failure,refused-stream,reset-before-request",
-                                 "num_retries": 2}
-    return route
+def _circuit_breakers(t: ProxyTrafficConfig) -> dict[str, Any]:
+    return {"thresholds": [{"max_connections": t.max_connections, "max_pending_requests": t.max_pending_requests,
+                            "max_requests": t.max_parallel_requests, "max_retries": t.max_parallel_retries}]}
 
 
-def _override_host_cluster(endpoints: tuple[str, ...]) -> dict[str, Any]:
+def _route(t: ProxyTrafficConfig, max_endpoints: int) -> dict[str, Any]:
+    route: dict[str, Any] = {"cluster": "picked", "timeout": f"{t.route_timeout_s}s"}
+    if max_endpoints > 1:
+        # Each retry goes to the next endpoint of the picker's list (override_host, or Envoy
+        # Gateway's endpointOverride); with a single endpoint there is nothing to walk.
+        route["retry_policy"] = {
+            "retry_on": ",".join(t.retry_on),
+            "retriable_status_codes": list(t.retriable_status_codes),
+            "num_retries": max_endpoints - 1,
+            "retry_back_off": {"base_interval": f"{t.retry_backoff_base_ms / 1000}s"},
+        }
+    return {
+        "match": {"prefix": "/"},
+        "route": route,
+        # The address that really served the request, whatever the model server sent.
+        "response_headers_to_add": [{"header": {"key": SERVED_HEADER, "value": "%UPSTREAM_HOST%"},
+                                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    }
+
+
+def _served_to_metadata() -> dict[str, Any]:
+    """Copy the served-endpoint response header into the envoy.lb dynamic metadata. Listed after
+    ext_proc, so on the response path it runs before ext_proc, which then forwards the metadata."""
+    return {
+        "name": "envoy.filters.http.header_to_metadata",
+        "typed_config": {
+            _TYPE: "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config",
+            "response_rules": [{"header": SERVED_HEADER, "on_header_present": {
+                "metadata_namespace": LB_NAMESPACE, "key": SERVED_HEADER, "type": "STRING"}}],
+        },
+    }
+
+
+def _override_host_cluster(endpoints: tuple[str, ...], traffic: ProxyTrafficConfig) -> dict[str, Any]:
     lb_endpoints = []
     for item in endpoints:
         host, port = split_host_port(item)
@@ -190,7 +236,7 @@ def _override_host_cluster(endpoints: tuple[str, ...]) -> dict[str, Any]:
     return {
         "name": "picked",
         "type": "STATIC",
-        "connect_timeout": "2s",
+        "connect_timeout": f"{traffic.connect_timeout_s}s",
         "load_assignment": {"cluster_name": "picked", "endpoints": [{"lb_endpoints": lb_endpoints}]},
         "load_balancing_policy": {"policies": [{"typed_extension_config": {
             "name": "envoy.load_balancing_policies.override_host",
@@ -204,8 +250,7 @@ def _override_host_cluster(endpoints: tuple[str, ...]) -> dict[str, Any]:
                 }}]},
             },
         }}]},
-        "circuit_breakers": {"thresholds": [{"max_connections": 40000, "max_pending_requests": 40000,
-                                             "max_requests": 40000}]},
+        "circuit_breakers": _circuit_breakers(traffic),
     }
 
 
@@ -230,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
         response_processing=args.response_processing, max_request_body_bytes=args.max_request_body_bytes,
         failure_mode_allow=args.failure_mode_allow,
         endpoints=tuple(e.strip() for e in args.endpoints.split(",") if e.strip()),
+        max_endpoints=args.max_endpoints,
     )), end="")
     return 0
 
@@ -256,4 +302,6 @@ def add_parser(subparsers: Any) -> None:
                    help="let requests through unrouted when the picker fails (ORIGINAL_DST then returns 503)")
     p.add_argument("--endpoints", default="",
                    help="static model-server endpoints ip:port,...: route with override_host (fallback lists)")
+    p.add_argument("--max-endpoints", type=int, default=EppConfig().max_endpoints,
+                   help="endpoints the picker returns (its --max-endpoints); >1 adds a retry policy that walks them")
     p.set_defaults(func=run)

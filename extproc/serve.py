@@ -6,18 +6,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
+import os
 import signal
 from dataclasses import replace
 from typing import Any
 
 from extproc import logs
-from extproc.config import EppConfig, KVEventsConfig, PrefixConfig, SpillConfig, WeightsConfig
+from extproc.config import (
+    DrainConfig,
+    EppConfig,
+    KVEventsConfig,
+    PrefixConfig,
+    SpillConfig,
+    SyncConfig,
+    WeightsConfig,
+)
 
 _D = EppConfig()
 _P = PrefixConfig()
 _S = SpillConfig()
 _W = WeightsConfig()
 _K = KVEventsConfig()
+_Y = SyncConfig()
+_DR = DrainConfig()
 
 
 def parse_bool(value: str | bool) -> bool:
@@ -68,6 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--usage-sample-rate", type=float, default=_D.usage_sample_rate,
                    help="share of requests whose response body the picker asks for, to compare predicted "
                         "and reported cached tokens (0..1; needs a gateway that honours mode_override)")
+    g.add_argument("--max-buffered-bytes", type=int, default=_D.max_buffered_bytes,
+                   help="request-body bytes buffered by all streams together; new requests beyond it get 429")
     _bool_flag(g, "--explain-decisions", _D.explain_decisions,
                "add an x-prefix-epp-decision response header with the scores")
     _bool_flag(g, "--disable-endpoint-subset-filter", _D.disable_endpoint_subset_filter,
@@ -84,7 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-weight", type=float, default=_W.prefix, help="weight of the prefix scorer")
     g.add_argument("--inflight-weight", type=float, default=_W.inflight, help="weight of the in-flight scorer")
     g.add_argument("--seed", type=int, default=None, help="seed for random tie-breaks (tests)")
+    g.add_argument("--model-names", default="",
+                   help="comma-separated model names that keep their own metric label (the engines' own "
+                   "model names always do; any other name is counted as 'other')")
     _add_kv_events_arguments(p)
+    _add_ha_arguments(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -111,6 +129,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         endpoints=endpoints, pool_name=args.pool_name, pool_namespace=args.pool_namespace,
         pool_group=args.pool_group, kubeconfig=args.kubeconfig, max_endpoints=args.max_endpoints,
         max_request_body_bytes=args.max_request_body_bytes, usage_sample_rate=args.usage_sample_rate,
+        max_buffered_bytes=args.max_buffered_bytes,
         explain_decisions=args.explain_decisions, disable_endpoint_subset_filter=args.disable_endpoint_subset_filter,
         refresh_metrics_interval_s=args.refresh_metrics_interval,
         metrics_staleness_threshold_s=args.metrics_staleness_threshold,
@@ -120,8 +139,32 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         spill=replace(_S, relative=args.spill_relative, absolute=args.spill_absolute),
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
         seed=args.seed,
+        model_names=tuple(n.strip() for n in args.model_names.split(",") if n.strip()),
         kv_events=_kv_events_from_args(args),
+        sync=replace(_Y, port=args.sync_port, peers=tuple(x.strip() for x in args.peers.split(",") if x.strip()),
+                     peer_selector=args.peer_selector, secret_file=args.sync_secret_file,
+                     warm_timeout_s=args.sync_warm_timeout),
+        drain=replace(_DR, timeout_s=args.drain_timeout),
+        workers=args.workers,
     )
+
+
+def _add_ha_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("replicas, workers and drain (extproc/sync/, extproc/workers.py, extproc/drain.py)")
+    g.add_argument("--sync-port", type=int, default=_Y.port,
+                   help="peer-sync gRPC port: share the prefix index with peer replicas (0: off)")
+    g.add_argument("--peers", default=",".join(_Y.peers),
+                   help="static peers host:port,... (their --sync-port; this replica may be listed)")
+    g.add_argument("--peer-selector", default=_Y.peer_selector,
+                   help="Kubernetes label selector of this picker's own pods: peers are the ready ones")
+    g.add_argument("--sync-secret-file", default=_Y.secret_file,
+                   help="file with the peers' shared secret (else env PREFIX_EPP_SYNC_SECRET)")
+    g.add_argument("--sync-warm-timeout", type=duration, default=_Y.warm_timeout_s, metavar="DURATION",
+                   help="wait at most this long for a peer's index snapshot before reporting ready")
+    g.add_argument("--drain-timeout", type=duration, default=_DR.timeout_s, metavar="DURATION",
+                   help="on SIGTERM, wait this long at most for open streams to end")
+    g.add_argument("--workers", type=int, default=_D.workers,
+                   help="picker processes sharing the ext_proc port (SO_REUSEPORT), one core each")
 
 
 def _add_kv_events_arguments(p: argparse.ArgumentParser) -> None:
@@ -168,60 +211,98 @@ def _kv_events_from_args(args: argparse.Namespace) -> KVEventsConfig:
     )
 
 
-def _validate_kv_events(k: KVEventsConfig) -> None:
-    from pathlib import Path
+def _validate_ha(config: EppConfig) -> None:
+    from extproc.datastore import split_host_port
+    from extproc.sync.manager import load_secret
 
-    if min(k.port, k.dp_size, k.block_size, k.index_capacity, k.max_blocks) < 1 or k.replay_port < 0:
-        raise SystemExit("prefix-epp serve: --kv-events-* ports, sizes and capacities must be >= 1 "
-                         "(--kv-events-replay-port >= 0)")
-    if k.tokenizer not in ("builtin", "remote") and not Path(k.tokenizer).is_file():
-        raise SystemExit(f"prefix-epp serve: --tokenizer {k.tokenizer}: no such file (or builtin, remote)")
+    y = config.sync  # the ranges of its numbers are checked with the others (extproc/validate.py)
+    if (y.peers or y.peer_selector) and not y.port:
+        raise SystemExit("prefix-epp serve: --peers and --peer-selector need --sync-port")
+    if y.peer_selector and not config.pool_name:
+        raise SystemExit("prefix-epp serve: --peer-selector needs Kubernetes discovery (--pool-name)")
+    for peer in y.peers:
+        try:
+            split_host_port(peer)
+        except ValueError as exc:
+            raise SystemExit(f"prefix-epp serve: --peers: {exc}") from None
+    if y.port:
+        try:
+            load_secret(y)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"prefix-epp serve: {exc}") from None
 
 
 def validate(config: EppConfig) -> None:
-    if not config.endpoints and not config.pool_name:
-        raise SystemExit("prefix-epp serve: give --endpoints or --pool-name")
-    if config.max_endpoints < 1:
-        raise SystemExit("prefix-epp serve: --max-endpoints must be >= 1")
-    if config.max_request_body_bytes < 1:
-        raise SystemExit("prefix-epp serve: --max-request-body-bytes must be >= 1")
-    if not 0.0 <= config.usage_sample_rate <= 1.0:
-        raise SystemExit("prefix-epp serve: --usage-sample-rate must be within [0, 1]")
-    if config.refresh_metrics_interval_s < 0 or config.metrics_staleness_threshold_s <= 0:
-        raise SystemExit("prefix-epp serve: --refresh-metrics-interval must be >= 0 and "
-                         "--metrics-staleness-threshold > 0")
-    _validate_kv_events(config.kv_events)
+    """Refuse to start on any invalid flag or config field, naming it (extproc/validate.py)."""
+    from pathlib import Path
+
     from extproc.discovery.pool import PoolError, pool_version
     from extproc.scheduling.config_loader import ConfigError, load_config
+    from extproc.validate import check, overridden, profile_conflicts
 
+    if not config.endpoints and not config.pool_name:
+        raise SystemExit("prefix-epp serve: give --endpoints or --pool-name")
+    k = config.kv_events
+    if k.tokenizer not in ("builtin", "remote") and not Path(k.tokenizer).is_file():
+        raise SystemExit(f"prefix-epp serve: --tokenizer {k.tokenizer}: no such file (or builtin, remote)")
+    problems = check(config)  # the flags as given: name the flag even if the config file would change it
+    if problems:
+        raise SystemExit("prefix-epp serve: " + "; ".join(problems))
+    _validate_ha(config)
     try:
         if config.pool_name:
             pool_version(config.pool_group)
-        load_config(config)
+        loaded, profile = load_config(config)
     except (ConfigError, PoolError) as exc:
         raise SystemExit(f"prefix-epp serve: {exc}") from None
+    problems = check(loaded)
+    if problems:
+        source = "--config-file" if config.config_file else "--config-text"
+        raise SystemExit(f"prefix-epp serve: after applying {source}: " + "; ".join(problems))
+    if profile is not None and (conflicts := profile_conflicts(config)):
+        raise SystemExit(f"prefix-epp serve: {', '.join(conflicts)} cannot apply: the EndpointPickerConfig defines "
+                         "the scheduling profile; set the scorers and their weights there")
+    for flag, given, final in overridden(config, loaded):
+        logging.getLogger("prefix_epp").warning(
+            "the EndpointPickerConfig overrides a flag", extra={"flag": flag, "flag_value": given,
+                                                               "config_value": final})
 
 
 async def serve(config: EppConfig) -> None:
+    """Run until SIGTERM/SIGINT, then drain (extproc/drain.py); a second signal cuts the drain short."""
     from extproc.app import App
+    from extproc.workers import WorkerRole, worker_role
 
-    app = App(config)
-    stop = asyncio.Event()
+    app = App(config, role=worker_role() or WorkerRole())
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def signalled() -> None:
+        (hurry if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signalled)
     await app.start()
     try:
         await stop.wait()
+        await app.drain(hurry)
     finally:
         await app.stop()
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from extproc.sync.manager import SECRET_ENV
+    from extproc.workers import supervise, worker_role
+
     logs.setup(args.log_level)
     config = config_from_args(args)
     validate(config)
+    if config.workers > 1 and worker_role() is None:
+        have_secret = bool(config.sync.secret_file or os.environ.get(SECRET_ENV))
+        return supervise(config.workers, sys.argv[1:], SECRET_ENV, have_secret)
     asyncio.run(serve(config))
     return 0
 

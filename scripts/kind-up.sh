@@ -5,23 +5,29 @@
 #   scripts/kind-up.sh            # create or update everything, then send two requests
 #   scripts/kind-up.sh --down     # delete the kind cluster
 #
-# Needs docker (a running engine), kind, kubectl, helm (v3.8+ or v4) and curl, plus network access
-# to pull the base image, Envoy Gateway's chart and the CRD release manifests. It cannot run where
-# no Docker engine is available (such as the project's CI machines); tests/deploy checks it with
-# `bash -n` and shellcheck instead. Re-running is safe: every step creates or updates in place.
+# Needs docker (a running engine), kind (see KIND_MIN_VERSION in versions.env), kubectl, helm
+# (v3.8+ or v4) and curl, plus network access to pull the base image, Envoy Gateway's chart and
+# the CRD release manifests. It cannot run where no Docker engine is available (such as the
+# project's CI machines); tests/deploy checks it with `bash -n` and shellcheck instead, and
+# `make test` builds and smoke-tests the image itself with podman. Re-running is safe: every step
+# creates or updates in place.
 #
+# Versions come from versions.env (the kind node image is pinned in kind-config.yaml).
 # Settings (environment): CLUSTER_NAME, IMAGE, EG_VERSION, GIE_VERSION, GATEWAY_PORT, MODEL.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The value of KEY in versions.env.
+pinned() { sed -n "s/^$1=//p" "$ROOT/versions.env"; }
 CLUSTER_NAME="${CLUSTER_NAME:-prefix-epp}"
+# The image of every workload: the picker (chart) and the simulated model servers.
 IMAGE="${IMAGE:-prefix-epp:dev}"
 NAMESPACE="prefix-epp"
 RELEASE="prefix-epp"
 # Envoy Gateway release: FullDuplexStreamed ext_proc, endpointOverride and the Backend API.
-EG_VERSION="${EG_VERSION:-v1.10.0}"
+EG_VERSION="${EG_VERSION:-$(pinned EG_VERSION)}"
 # Gateway API Inference Extension release whose manifests.yaml holds the InferencePool CRDs.
-GIE_VERSION="${GIE_VERSION:-v1.5.0}"
+GIE_VERSION="${GIE_VERSION:-$(pinned GIE_VERSION)}"
 GIE_CRDS="https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/${GIE_VERSION}/manifests.yaml"
 # kind-config.yaml maps the Gateway's NodePort 30080 to this host port.
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
@@ -51,7 +57,12 @@ kubectl config use-context "kind-${CLUSTER_NAME}" >/dev/null
 
 log "image ${IMAGE}"
 docker build --tag "$IMAGE" "$ROOT"
-kind load docker-image "$IMAGE" --name "$CLUSTER_NAME"
+# An image archive loads with every Docker image store; `kind load docker-image` fails with
+# Docker's containerd image store (the default in recent Docker releases).
+archive="$(mktemp -d)/image.tar"
+docker save --output "$archive" "$IMAGE"
+kind load image-archive "$archive" --name "$CLUSTER_NAME"
+rm -f "$archive"
 
 log "Envoy Gateway ${EG_VERSION} (with the Backend API, used for TLS to the picker)"
 helm upgrade --install eg oci://docker.io/envoyproxy/gateway-helm --version "$EG_VERSION" \
@@ -67,11 +78,14 @@ kubectl wait --for=condition=Established crd/inferencepools.inference.networking
 log "namespace, GatewayClass and simulated vLLM replicas"
 kubectl apply -f "$ROOT/manifests/base/namespace.yaml"
 kubectl apply -f "$ROOT/manifests/base/gatewayclass.yaml"
-kubectl apply -f "$ROOT/manifests/base/simulator.yaml"
+# The simulator runs from the same image as the picker.
+kubectl set image --local --filename "$ROOT/manifests/base/simulator.yaml" "*=${IMAGE}" --output yaml \
+  | kubectl apply --filename -
 
 log "prefix-epp chart"
 helm upgrade --install "$RELEASE" "$ROOT/charts/prefix-epp" --namespace "$NAMESPACE" \
-  --values "$ROOT/manifests/values-kind.yaml" --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}"
+  --values "$ROOT/manifests/values-kind.yaml" --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
+  --set envoyGateway.version="$EG_VERSION"
 # A rebuilt image keeps its tag; restart so the pods run the new build.
 kubectl --namespace "$NAMESPACE" rollout restart deployment/vllm-sim "deployment/${RELEASE}"
 kubectl --namespace "$NAMESPACE" rollout status deployment/vllm-sim --timeout=3m

@@ -6,8 +6,10 @@ namespace (`--pool-namespace`, else env NAMESPACE, else `default`):
   `metadata.name` and filtered by name on our side as well;
 - the Pods, by the pool's label selector, applied on our side as well (kmock ignores selectors).
   This loop starts when the pool is first seen, and relists when the selector changes;
-- the InferenceObjectives (`inference.networking.x-k8s.io/v1alpha2`): name -> spec.priority for
-  those whose poolRef is our pool. `priority_of(name)` is the director's hook; unknown -> 0.
+- the InferenceObjectives of whichever API group is installed (llm-d.ai or the older
+  inference.networking.x-k8s.io, probed at start-up; a missing CRD is logged once and probed
+  again slowly: extproc/discovery/objectives.py): name -> spec.priority for those whose poolRef
+  is our pool. `priority_of(name)` is the director's hook; unknown -> 0.
 Worker threads never touch the datastore: each result is handed to the event loop with
 `loop.call_soon_threadsafe` and applied there, so the request path never waits on the API.
 
@@ -39,15 +41,12 @@ from kubernetes import config as k8s_config
 
 from extproc.config import DiscoveryConfig, EppConfig
 from extproc.datastore import Datastore, EndpointSpec
+from extproc.discovery.objectives import ObjectiveDiscovery
 from extproc.discovery.pool import (
-    OBJECTIVE_GROUP,
-    OBJECTIVE_PLURAL,
-    OBJECTIVE_VERSION,
     POOL_PLURAL,
     PodInfo,
     PoolError,
     PoolSpec,
-    objective_priority,
     parse_pod,
     parse_pool,
     pod_endpoints,
@@ -91,15 +90,14 @@ class KubernetesDiscovery:
         self._pods: dict[str, PodInfo] = {}
         self._pods_listed = False  # a pods LIST has been applied since the pool appeared
         self._published: dict[str, EndpointSpec] = {}
-        self._objectives: dict[str, int] = {}
         self._selector = ""  # read by the pods thread when it lists or watches
         self.pool_watch: ListWatch | None = None
         self.pods_watch: ListWatch | None = None
-        self.objectives_watch: ListWatch | None = None
+        self.objectives: ObjectiveDiscovery | None = None
 
     # -- request path ---------------------------------------------------------------------------
     def priority_of(self, objective: str) -> int:
-        return self._objectives.get(objective, 0)
+        return self.objectives.priority_of(objective) if self.objectives is not None else 0
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -112,12 +110,11 @@ class KubernetesDiscovery:
             "inferencepools", custom.list_namespaced_custom_object,
             (self.group, self.version, self.namespace, POOL_PLURAL), self._on_pool_list, self._on_pool_event,
             query=lambda: {"field_selector": f"metadata.name={self.pool_name}"})
-        self.objectives_watch = self._watch(
-            "inferenceobjectives", custom.list_namespaced_custom_object,
-            (OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace, OBJECTIVE_PLURAL),
-            self._on_objective_list, self._on_objective_event)
+        self.objectives = ObjectiveDiscovery(
+            custom.list_namespaced_custom_object, self.namespace, self.pool_name, self.config.discovery,
+            self._to_loop, self._watch)
         self.pool_watch.start()
-        self.objectives_watch.start()
+        self.objectives.start()
         log.info("kubernetes discovery started", extra={
             "pool": self.pool_name, "namespace": self.namespace, "group": self.group})
         try:
@@ -126,13 +123,17 @@ class KubernetesDiscovery:
             await self.stop()
 
     async def stop(self) -> None:
-        watches = [w for w in (self.pool_watch, self.pods_watch, self.objectives_watch) if w is not None]
+        watches = [w for w in (self.pool_watch, self.pods_watch) if w is not None]
         for w in watches:
             w.stop()
+        objectives = self.objectives
+        if objectives is not None:
+            objectives.stop()
         deadline = asyncio.get_running_loop().time() + self.config.discovery.stop_timeout_s
-        while any(not w.join(0) for w in watches) and asyncio.get_running_loop().time() < deadline:
+        while ((any(not w.join(0) for w in watches) or (objectives is not None and not objectives.join(0)))
+               and asyncio.get_running_loop().time() < deadline):
             await asyncio.sleep(0.01)
-        alive = [w.name for w in watches if not w.join(0)]
+        alive = [w.name for w in watches if not w.join(0)] + (objectives.alive() if objectives is not None else [])
         if alive:
             log.warning("watch threads still running after stop", extra={"watches": alive})
 
@@ -232,19 +233,3 @@ class KubernetesDiscovery:
             log.info("discovery synced" if synced else "discovery not synced",
                      extra={"pool": self.pool_name, "endpoints": len(wanted)})
         self.datastore.synced = synced
-
-    # -- objectives (loop thread) ---------------------------------------------------------------
-    def _on_objective_list(self, result: ListResult) -> None:
-        self._objectives = {}
-        for obj in result.items:
-            self._on_objective_event("ADDED", obj)
-
-    def _on_objective_event(self, kind: str, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if not name:
-            return
-        priority = None if kind == "DELETED" else objective_priority(obj, self.pool_name)
-        if priority is None:
-            self._objectives.pop(name, None)
-        else:
-            self._objectives[name] = priority

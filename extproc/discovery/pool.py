@@ -17,8 +17,8 @@ has a `status.podIP`. Each target port at index i is one endpoint `<podIP>:<port
 `inference.networking.k8s.io/active-ports` ("8000,8002") keeps only the listed ports; when the
 annotation is present but lists none of the target ports the pod has no endpoint (as in GIE).
 
-InferenceObjective (`inference.networking.x-k8s.io/v1alpha2`): `spec.priority` (absent -> 0) for
-objectives whose `spec.poolRef.name` is our pool.
+InferenceObjective (either API group, extproc/discovery/objectives.py): `spec.priority`
+(absent -> 0) for objectives whose `spec.poolRef.name` is our pool.
 """
 
 from __future__ import annotations
@@ -32,9 +32,6 @@ V1_GROUP = "inference.networking.k8s.io"
 LEGACY_GROUP = "inference.networking.x-k8s.io"
 POOL_VERSIONS = {V1_GROUP: "v1", LEGACY_GROUP: "v1alpha2"}
 POOL_PLURAL = "inferencepools"
-OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
-OBJECTIVE_VERSION = "v1alpha2"
-OBJECTIVE_PLURAL = "inferenceobjectives"
 ACTIVE_PORTS_ANNOTATIONS = ("llm-d.ai/active-ports", "inference.networking.k8s.io/active-ports")
 # Overrides where the picker subscribes to this pod's KV events (default: tcp://<pod IP>:--kv-events-port).
 KV_EVENTS_ANNOTATION = "prefix-epp.io/kv-events-endpoint"

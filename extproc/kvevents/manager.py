@@ -24,7 +24,8 @@ Request path (never waits on a subscriber):
   engine publishes nothing, so plain silence is no evidence). Entries of a silent endpoint are
   kept; the next message makes it usable again.
 - `record(endpoint, keys)`: speculative entries for the chosen endpoint (TTL
-  `--kv-events-speculative-ttl`, 2 s).
+  `--kv-events-speculative-ttl`, 2 s); `on_record` listeners see them (peer sync shares them),
+  `apply_speculative` records a peer's without telling the listeners.
 
 Maintenance every `maintenance_interval_s` (0.5 s): expire speculative entries, size each
 endpoint's slots from its scraped `num_gpu_blocks`, refresh the block size.
@@ -45,6 +46,7 @@ from extproc.datastore import Datastore, Endpoint
 from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.subscriber import Loss, SourceAddress, Subscriber, SubscriberStats
+from extproc.supervise import supervise
 
 log = logging.getLogger("prefix_epp.kvevents")
 
@@ -100,6 +102,7 @@ class KVEventsManager:
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._awaiting: dict[str, float] = {}  # endpoint -> first routing since its last message
         self._capacity: dict[str, int] = {}
+        self._listeners: list[Callable[[str, Sequence[int]], None]] = []
         datastore.on_added(self._added)
         datastore.on_removed(self._removed)
 
@@ -116,8 +119,8 @@ class KVEventsManager:
         subs = [Subscriber(a, self._ctx, self.index, self.config, self.stats, self._clock,
                            on_heard=self._heard, loss=self._loss) for a in addresses]
         self._subs[ep.key] = subs
-        loop = asyncio.get_running_loop()
-        self._tasks[ep.key] = [loop.create_task(s.run(), name=f"kv-events {s.address.events}") for s in subs]
+        self._tasks[ep.key] = [supervise(f"kv-events {s.address.events}", s.run, restart_on_return=False).task
+                               for s in subs]
         log.info("kv events subscribed", extra={"endpoint": ep.key, "events": [a.events for a in addresses],
                                                 "replay": addresses[0].replay})
 
@@ -205,6 +208,15 @@ class KVEventsManager:
         now = self._clock()
         self._awaiting.setdefault(endpoint, now)
         self.index.record_speculative(endpoint, keys, now)
+        for listener in self._listeners:
+            listener(endpoint, keys)
+
+    def on_record(self, listener: Callable[[str, Sequence[int]], None]) -> None:
+        self._listeners.append(listener)
+
+    def apply_speculative(self, endpoint: str, keys: Sequence[int]) -> None:
+        """A peer routed these keys to `endpoint`: speculative here too (same TTL)."""
+        self.index.record_speculative(endpoint, keys, self._clock())
 
 
 def kv_events_wanted(config: KVEventsConfig, scorer_types: Sequence[str]) -> bool:

@@ -6,6 +6,11 @@ Names follow the Go EPP where a metric has an equivalent there; our own use the 
 |---|---|---|
 | inference_objective_request_total | counter | model_name, target_model_name |
 | inference_objective_request_error_total | counter | model_name, target_model_name, error_code |
+
+`model_name` is bounded (extproc/metrics/labels.py): names the picker knows from `--model-names` or
+the engines' own metrics keep their value, any other client-chosen name is counted as `other`.
+`target_model_name` equals `model_name`: the picker never rewrites the model (it is kept for the Go
+EPP's dashboards).
 | prefix_epp_requests_total | counter | outcome (routed, error), status (HTTP status) |
 | prefix_epp_extproc_messages_total | counter | kind (request_headers, request_body, ..., response_trailers) |
 | inference_extension_scheduler_e2e_duration_seconds | histogram | - (decision latency: body complete -> decision) |
@@ -13,6 +18,7 @@ Names follow the Go EPP where a metric has an equivalent there; our own use the 
 | inference_extension_prefix_indexer_size | gauge | - ((endpoint, block) entries) |
 | prefix_epp_prefix_index_bytes | gauge | - (estimated memory of the index) |
 | prefix_epp_inflight_requests | gauge | endpoint |
+| prefix_epp_open_streams | gauge | - (ext_proc streams open now) |
 | inference_pool_ready_pods | gauge | name |
 | inference_pool_average_kv_cache_utilization | gauge | name (fresh scrapes only, as the Go EPP) |
 | inference_pool_average_queue_size | gauge | name (vllm:num_requests_waiting, fresh scrapes only) |
@@ -40,6 +46,7 @@ from prometheus_client.registry import Collector
 
 from extproc.config import EppConfig
 from extproc.datastore import Datastore
+from extproc.metrics.labels import ModelLabels
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.load import usable_metrics
 
@@ -55,7 +62,8 @@ _STALENESS_S = EppConfig().metrics_staleness_threshold_s
 
 class _StateCollector(Collector):
     def __init__(self, datastore: Datastore, index: PrefixIndex | None, pool_name: str,
-                 staleness_s: float = _STALENESS_S) -> None:
+                 staleness_s: float = _STALENESS_S, open_streams: Callable[[], int] = lambda: 0) -> None:
+        self._open_streams = open_streams
         self._ds = datastore
         self._index = index
         self._pool = pool_name
@@ -69,6 +77,7 @@ class _StateCollector(Collector):
         for ep in self._ds.snapshot():
             inflight.add_metric([ep.key], ep.inflight)
         yield inflight
+        yield GaugeMetricFamily("prefix_epp_open_streams", "ext_proc streams open now", value=self._open_streams())
         ready = GaugeMetricFamily("inference_pool_ready_pods", "Endpoints the picker may route to",
                                   labels=["name"])
         ready.add_metric([self._pool], len(self._ds))
@@ -112,7 +121,8 @@ class _StateCollector(Collector):
 
 class EppMetrics:
     def __init__(self, datastore: Datastore, index: PrefixIndex | None, pool_name: str = "",
-                 metrics_staleness_s: float = _STALENESS_S) -> None:
+                 metrics_staleness_s: float = _STALENESS_S, model_names: tuple[str, ...] = ()) -> None:
+        self.models = ModelLabels(model_names)
         self.registry = CollectorRegistry()
         r = self.registry
         self._objective_requests = Counter(
@@ -128,7 +138,8 @@ class EppMetrics:
         self._hit_ratio = Histogram(
             "inference_extension_prefix_indexer_hit_ratio", "Matched share of prompt blocks on the chosen endpoint",
             buckets=RATIO_BUCKETS, registry=r)
-        r.register(_StateCollector(datastore, index, pool_name, metrics_staleness_s))
+        self.open_streams = 0  # ext_proc streams open now (extproc/server/grpc_server.py)
+        r.register(_StateCollector(datastore, index, pool_name, metrics_staleness_s, lambda: self.open_streams))
         self._prediction_error = Histogram(
             "prefix_epp_cached_tokens_prediction_error_tokens",
             "Absolute error of the predicted cached prompt tokens on the chosen endpoint (closed loop)",
@@ -161,6 +172,7 @@ class EppMetrics:
             child.inc()
 
     def routed(self, model: str, target_model: str) -> None:
+        model, target_model = self.models.label(model), self.models.label(target_model)
         self._child(self._objective_requests, (model, target_model)).inc()
         self._child(self._requests, ("routed", "200")).inc()
 
@@ -173,6 +185,7 @@ class EppMetrics:
             within.inc()
 
     def error(self, model: str, target_model: str, code: str, status: int) -> None:
+        model, target_model = self.models.label(model), self.models.label(target_model)
         self._child(self._objective_requests, (model, target_model)).inc()
         self._child(self._objective_errors, (model, target_model, code)).inc()
         self._child(self._requests, ("error", str(status))).inc()

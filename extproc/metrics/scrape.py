@@ -14,6 +14,10 @@ which only looks at the lines of these families:
 | kv_usage | vllm:kv_cache_usage_perc (else vllm:gpu_cache_usage_perc) | the highest |
 | block_size, num_gpu_blocks | vllm:cache_config_info labels | the first |
 | running/waiting_loras, max_lora | vllm:lora_requests_info labels | the newest (highest value) |
+| model_names | `model_name` labels of vllm:num_requests_running | all |
+
+Model names and LoRA adapters seen are handed to `on_models` (extproc/metrics/labels.py: the
+model names that keep their own metric label).
 
 A scrape is successful when the status is 200 and at least one of the first three families is
 present; its result goes to `Datastore.set_metrics` with `ok=True` and `updated_at=now`. A failed
@@ -75,7 +79,7 @@ def _int_label(labels: dict[str, str], key: str) -> int:
 def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
     """Extract the vLLM load signals from one exposition; ScrapeError when none is there."""
     waiting = samples(body, WAITING, want_labels=False)
-    running = samples(body, RUNNING, want_labels=False)
+    running = samples(body, RUNNING)
     kv = samples(body, KV_USAGE, want_labels=False) or samples(body, KV_USAGE_V0, want_labels=False)
     if not (waiting or running or kv):
         raise ScrapeError("no vLLM load metrics in the exposition")
@@ -83,6 +87,7 @@ def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
         waiting=sum(v for _, v in waiting),
         running=sum(v for _, v in running),
         kv_usage=max(v for _, v in kv) if kv else 0.0,
+        model_names=frozenset(labels["model_name"] for labels, _ in running if labels.get("model_name")),
         updated_at=now, ok=True,
     )
     cache = samples(body, CACHE_CONFIG)
@@ -117,6 +122,7 @@ class MetricsScraper:
         self._failing: set[str] = set()
         self._session: aiohttp.ClientSession | None = None
         self.scrapes = 0  # attempts so far (tests, benchmarks)
+        self.on_models: Callable[[frozenset[str]], None] | None = None  # engine-reported model names
         datastore.on_added(self._added)
         datastore.on_removed(self._removed)
 
@@ -160,7 +166,10 @@ class MetricsScraper:
         url = self._url(ep)
         next_at = self._clock()
         while True:
-            await self.scrape_once(ep, url)
+            try:
+                await self.scrape_once(ep, url)
+            except Exception:  # a fault in our own handling of a scrape: log it, keep polling
+                log.exception("metrics scrape handling failed", extra={"endpoint": ep.key})
             next_at += interval
             now = self._clock()
             if next_at < now:
@@ -189,6 +198,8 @@ class MetricsScraper:
                 self._failing.discard(ep.key)
                 log.info("metrics scrape recovered", extra={"endpoint": ep.key})
             self._tune(ep.key, m)
+            if self.on_models is not None:
+                self.on_models(m.model_names | m.running_loras | m.waiting_loras)
         self.datastore.set_metrics(ep.key, m)
         return m
 

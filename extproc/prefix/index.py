@@ -13,6 +13,10 @@ Operations:
 - `record(endpoint, hashes)`: called at decision time for the chosen endpoint; the prompt's first
   block becomes the most recently used entry.
 - `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
+- `on_record(listener)`: listeners see every local `record` (peer sync publishes them);
+  `apply(endpoint, hashes)` records what a peer decided without notifying them, so nothing echoes.
+- `dump()` / `load(endpoint, hashes)`: each endpoint's blocks oldest first, and their restore in
+  that order (the warm-start snapshot, extproc/sync/).
 
 Memory is bounded by sum(capacity) entries; `approx_bytes()` estimates it from the measured cost
 per entry (see README: about 100 bytes per (endpoint, block) entry on CPython 3.11, the
@@ -24,7 +28,7 @@ and can be tuned per endpoint from the engine's reported `num_gpu_blocks`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 # Measured with tracemalloc (tests/prefix/test_index.py::test_memory_per_entry_is_bounded).
 BYTES_PER_ENTRY = 100
@@ -42,6 +46,7 @@ class PrefixIndex:
         self._next_slot = 0
         self._capacity: dict[str, int] = {}
         self._entries = 0
+        self._listeners: list[Callable[[str, Sequence[int]], None]] = []
 
     # -- endpoints -------------------------------------------------------------------------
     def _slot_of(self, endpoint: str) -> int:
@@ -123,18 +128,42 @@ class PrefixIndex:
             result[by_slot[low.bit_length() - 1]] = matched
             mask ^= low
 
+    def on_record(self, listener: Callable[[str, Sequence[int]], None]) -> None:
+        self._listeners.append(listener)
+
     def record(self, endpoint: str, hashes: Sequence[int]) -> None:
-        """Note that `endpoint` now holds these blocks (most recently used)."""
+        """Note that `endpoint` now holds these blocks (most recently used); tell the listeners."""
         if not hashes:
             return
+        # Leading blocks last: they become the most recently used, so under pressure a prompt's
+        # tail is evicted before its prefix, as vLLM frees the tail blocks of a sequence first.
+        self._insert(endpoint, reversed(hashes))
+        for listener in self._listeners:
+            listener(endpoint, hashes)
+
+    def apply(self, endpoint: str, hashes: Sequence[int]) -> None:
+        """`record` of a peer's decision: same effect on the index, no listener is told."""
+        if hashes:
+            self._insert(endpoint, reversed(hashes))
+
+    def load(self, endpoint: str, hashes: Iterable[int]) -> None:
+        """Insert blocks in the given order (oldest first), as `dump` yields them."""
+        self._insert(endpoint, hashes)
+
+    def dump(self) -> Iterator[tuple[str, list[int]]]:
+        """(endpoint, its blocks from least to most recently used), one copy per endpoint."""
+        for endpoint in list(self._lru):
+            lru = self._lru.get(endpoint)
+            if lru is not None:
+                yield endpoint, list(lru)
+
+    def _insert(self, endpoint: str, ordered: Iterable[int]) -> None:
         slot = self._slot_of(endpoint)
         bit = 1 << slot
         lru = self._lru[endpoint]
         holders = self._holders
         before = len(lru)
-        # Leading blocks last: they become the most recently used, so under pressure a prompt's
-        # tail is evicted before its prefix, as vLLM frees the tail blocks of a sequence first.
-        for h in reversed(hashes):
+        for h in ordered:
             if h in lru:
                 del lru[h]
             else:
@@ -144,6 +173,26 @@ class PrefixIndex:
         capacity = self._capacity.get(endpoint, self.default_capacity)
         if len(lru) > capacity:
             self._evict(endpoint, slot, capacity)
+
+    def forget(self, endpoint: str, hashes: Sequence[int]) -> None:
+        """Drop these blocks from `endpoint` (a record that turned out wrong: another endpoint
+        served the request)."""
+        slot = self._slot.get(endpoint)
+        if slot is None or not hashes:
+            return
+        lru = self._lru[endpoint]
+        clear = ~(1 << slot)
+        holders = self._holders
+        before = len(lru)
+        for h in hashes:
+            if h in lru:
+                del lru[h]
+                mask = holders[h] & clear
+                if mask:
+                    holders[h] = mask
+                else:
+                    del holders[h]
+        self._entries -= before - len(lru)
 
     def _evict(self, endpoint: str, slot: int, capacity: int) -> None:
         lru = self._lru[endpoint]

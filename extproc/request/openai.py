@@ -63,7 +63,10 @@ _CANON = orjson.OPT_SORT_KEYS
 
 
 def _canon(value: Any) -> bytes:
-    return orjson.dumps(value, option=_CANON)
+    try:
+        return orjson.dumps(value, option=_CANON)
+    except TypeError:  # orjson parses 1024 levels of nesting but serialises at most 254
+        raise EppError(ErrorCode.BAD_REQUEST, "request body is nested too deeply") from None
 
 
 def _content_text(content: Any) -> bytes:

@@ -24,7 +24,8 @@ Plugin types and parameters (every default comes from EppConfig, i.e. from the C
 | utilization-detector | detector (a filter in a profile) | queueDepthThreshold, kvCacheUtilThreshold, |
 | | | metricsStalenessThreshold (Go duration), headroom -> saturation |
 | metrics-data-source | data source | scheme (http/https), path, insecureSkipVerify -> metrics_source |
-| core-metrics-extractor | extractor | engineLabelKey, defaultEngine (vllm only) |
+| core-metrics-extractor | extractor | engineLabelKey (the Go default only), defaultEngine (vllm only): |
+| | | every pod is scraped with vLLM's metric names |
 | single-profile-handler, openai-parser | accepted | - |
 
 Because parameters land in EppConfig fields, each type may appear once. Profile rules (Go EPP):
@@ -50,6 +51,7 @@ API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 TOP_LEVEL = ("apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "saturationDetector",
              "dataLayer", "parser")
 FEATURE_GATES = ("dataLayer",)
+ENGINE_LABEL_KEY = "inference.networking.k8s.io/engine-type"
 
 
 class ConfigError(ValueError):
@@ -100,12 +102,6 @@ def _choice(*choices: str) -> Convert:
 def _path(v: Any, where: str) -> str:
     if not isinstance(v, str) or not v.startswith("/"):
         raise ConfigError(f"{where}: expected a URL path starting with '/', got {v!r}")
-    return v
-
-
-def _text(v: Any, where: str) -> str:
-    if not isinstance(v, str):
-        raise ConfigError(f"{where}: expected a string, got {v!r}")
     return v
 
 
@@ -182,7 +178,9 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
         "insecureSkipVerify": Param(_bool, _set("metrics_source", "insecure_skip_verify")),
     },
     "core-metrics-extractor": {
-        "engineLabelKey": Param(_text, lambda cfg, _v: cfg),
+        # The picker reads no engine label: every pod is treated as defaultEngine (vllm). Only the Go
+        # EPP's default key is accepted, so a config that relies on another label is refused, not ignored.
+        "engineLabelKey": Param(_choice(ENGINE_LABEL_KEY), lambda cfg, _v: cfg),
         "defaultEngine": Param(_choice("vllm"), _default_engine),
     },
     "single-profile-handler": {},

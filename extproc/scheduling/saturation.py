@@ -11,7 +11,7 @@ average of s(e) over the candidates; no candidates -> 1.0 (fail closed).
 
 Admission (the director's `admission` hook, as the Go EPP without flow control): a request with
 priority < 0 (sheddable, from its InferenceObjective) gets 429 (RESOURCE_EXHAUSTED) while the pool
-saturation is >= 1.0; every other request passes.
+saturation is >= 1 + headroom; every other request passes.
 
 As a filter (when a scheduling profile references the detector): drops endpoints with stale
 metrics or s(e) >= 1 + headroom; if that would drop all, all are kept.
@@ -59,7 +59,7 @@ class UtilizationDetector:
 
     def admit(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> None:
         """Raise 429 for a sheddable request while the candidates are saturated."""
-        if request.priority < 0 and self.saturation(candidates) >= 1.0:
+        if request.priority < 0 and self.saturation(candidates) >= 1.0 + self.config.headroom:
             raise EppError(ErrorCode.RESOURCE_EXHAUSTED, "the pool is saturated; sheddable request rejected")
 
     def filter(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]:

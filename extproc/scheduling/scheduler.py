@@ -7,7 +7,8 @@
 4. The picker returns up to `max_endpoints` endpoints, best first.
 5. The request's block hashes are recorded in the index for the first pick (decision time), so
    later requests with the same prefix find it there; its token keys become speculative entries
-   of the precise index.
+   of the precise index. When the proxy reports that a fallback served the request instead
+   (`reassign`), the approximate record moves there (speculative precise entries expire).
 
 `Decision` keeps each scorer's score of the chosen endpoint and the matched blocks, which the
 optional explanation header reports.
@@ -34,6 +35,7 @@ class Decision:
     precise_matched: int | None = None  # blocks the precise index matched on the chosen endpoint
     precise_total: int = 0
     precise_usable: bool = False  # the chosen endpoint's KV events were usable
+    block_hashes: Sequence[int] = ()  # recorded in the index for the primary endpoint
 
     @property
     def primary(self) -> Endpoint:
@@ -115,4 +117,14 @@ class Scheduler:
             precise_matched=request.precise_match.get(chosen.key, 0) if precise is not None else None,
             precise_total=len(token_keys),
             precise_usable=chosen.key in request.precise_usable,
+            block_hashes=request.block_hashes if self.index is not None else (),
         )
+
+    def reassign(self, decision: Decision, served: Endpoint) -> None:
+        """Another endpoint of the decision's list served the request (a fallback after the
+        first choice failed): move the index record from the primary to it. Only the blocks the
+        primary did not already hold (beyond its matched prefix) are forgotten there."""
+        if self.index is None or not decision.block_hashes:
+            return
+        self.index.forget(decision.primary.key, decision.block_hashes[decision.matched_blocks:])
+        self.index.record(served.key, decision.block_hashes)

@@ -18,7 +18,9 @@ trailers SEND, response headers SKIP, response body NONE) keeps the picker off t
 its cost per request does not depend on the length of the answer.
 
     picker -> request_headers response  (+ mode_override: what of this response to send)
-    [Envoy -> response_headers          picker -> + explanation header (--explain-decisions only)]
+    [Envoy -> response_headers          picker -> + explanation header (asked for with --explain-decisions,
+                                        or --max-endpoints > 1: a served endpoint other than the first
+                                        choice moves the accounting there)]
     [Envoy -> response_body x K         picker -> an empty reply each (STREAMED, sampled requests only)]
     Envoy -> response_trailers          picker -> empty trailers response (only if the upstream sent some)
     stream end                          (Envoy closes the stream when the response is complete)
@@ -26,26 +28,38 @@ its cost per request does not depend on the length of the answer.
 The per-request `mode_override` in the request_headers reply (BUFFERED requests, and bodiless
 ones routed there) sets response trailers SEND, so Envoy keeps the ext_proc stream open until the
 response is complete even where the gateway statically skips trailers (Envoy Gateway); response
-headers SEND only with --explain-decisions; the response body in STREAMED mode only for the
-requests the usage sampler picks (the closed loop, server/usage.py). Completion (in-flight
-release) is the response's end: a response body's end_of_stream, the response trailers, or else
-the end of the gRPC stream. Envoy ignores `mode_override` in any other reply and whenever its
-static request or response body mode is FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage);
-then the static mode rules: with FULL_DUPLEX_STREAMED response bodies (the reference
-configuration) every chunk is echoed back and only sampled requests feed the usage parser.
+headers SEND only with --explain-decisions or fallbacks (--max-endpoints > 1); the response body
+in STREAMED mode only for the requests the usage sampler picks (the closed loop,
+server/usage.py). Completion (in-flight release) is the response's end: a response body's
+end_of_stream, the response trailers, or else the end of the gRPC stream. Envoy ignores
+`mode_override` in any other reply and whenever its static request or response body mode is
+FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage); then the static mode rules: with
+FULL_DUPLEX_STREAMED response bodies (the reference configuration) every chunk is echoed back and
+only sampled requests feed the usage parser.
 
 With an asynchronous tokenizer (precise mode) the complete body is first handed to
 `Director.prepare`, awaited, before routing, so tokenization never runs on the event loop.
-Errors end the exchange with an ImmediateResponse. In-flight accounting is released when the
-response ends, and in any case when the stream ends (client gone, Envoy reset, error).
+Errors end the exchange with an ImmediateResponse whose body is OpenAI-style JSON
+(extproc/errors.py). `run` guards the whole exchange: any unexpected exception becomes a 500 with
+the request id, counted in the error metrics and logged once with its traceback (never the
+prompt), so every stream ends with an answer Envoy can forward. In-flight accounting is released
+when the response ends, and in any case when the stream ends (client gone, Envoy reset, error).
 Ordering rule: nothing for the request body or trailers is sent before the headers reply.
+
+Refused at the first message (500 naming the mode, one log line per mode): request body modes
+other than FULL_DUPLEX_STREAMED and BUFFERED. STREAMED and BUFFERED_PARTIAL forward the headers
+before the body is complete, so the picker could not route on the prompt; NONE never sends the
+body at all (a bodiless request is still routed in every mode).
+Buffered request bytes are reserved against a process-wide budget (extproc/server/body_budget.py):
+the declared content-length at the headers, else chunk by chunk; 429 + Retry-After beyond it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+import traceback
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from extproc.datastore import Endpoint
@@ -55,6 +69,7 @@ from extproc.metrics.epp import EppMetrics
 from extproc.pb import envoy_processing_mode_pb2 as mode_pb
 from extproc.pb import external_processor_pb2 as pb
 from extproc.server import responses as R
+from extproc.server.body_budget import RETRY_AFTER_S, BodyBudget
 
 if TYPE_CHECKING:
     from extproc.scheduling.scheduler import Decision
@@ -68,15 +83,24 @@ _NONE = mode_pb.ProcessingMode.NONE
 EXPLAIN_HEADER = "x-prefix-epp-decision"
 _WANTED_HEADERS = frozenset({
     ":path", ":method", "x-request-id", "test-epp-endpoint-selection", "x-gateway-inference-objective",
+    "content-length",
 })
+_SUPPORTED_BODY_MODES = frozenset({_BUFFERED, _FULL_DUPLEX})
+_MAX_ECHOED_ID = 256  # a longer client x-request-id is not echoed in error replies
+_refused_modes_logged: set[int] = set()
 
 
 class StreamProcessor:
-    __slots__ = ("_body", "_body_bytes", "_body_done", "_director", "_endpoint", "_explain", "_metrics",
-                 "_new_request_id", "_request_mode", "_response_mode", "_sampled", "_usage", "ctx", "decision")
+    __slots__ = ("_body", "_body_bytes", "_body_done", "_budget", "_director", "_endpoint", "_explain",
+                 "_headers_seen", "_metrics", "_new_request_id", "_request_mode", "_reserved", "_response_mode",
+                 "_sampled", "_usage", "ctx", "decision")
 
-    def __init__(self, director: Director, metrics: EppMetrics, explain: bool) -> None:
+    def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
+                 budget: BodyBudget | None = None) -> None:
         self._director = director
+        self._budget = budget
+        self._reserved = 0
+        self._headers_seen = False
         self._metrics = metrics
         self._explain = explain
         self.ctx = RequestContext()
@@ -92,9 +116,24 @@ class StreamProcessor:
         self._sampled: bool | None = None  # asked of the usage sampler at request headers, or not yet
 
     async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
+        """The exchange, guarded: an unexpected exception ends the stream with a 500, never a gRPC error."""
+        inner = self._exchange(requests)
+        try:
+            async for resp in inner:
+                yield resp
+        except Exception as exc:
+            yield self._internal_error(exc)
+        finally:
+            await inner.aclose()
+
+    async def _exchange(
+        self, requests: AsyncIterator[pb.ProcessingRequest]
+    ) -> AsyncGenerator[pb.ProcessingResponse, None]:
         try:
             count = self._metrics.count_message
             async for msg in requests:
+                if msg.HasField("protocol_config"):
+                    self._configure(msg.protocol_config)
                 kind = msg.WhichOneof("request")
                 count(kind)
                 if kind == "request_headers":
@@ -102,13 +141,16 @@ class StreamProcessor:
                 elif kind == "request_body":
                     body = msg.request_body
                     if body.end_of_stream and not self._body_done and self._director.tokenizes_async:
-                        chunks = [*self._body, body.body] if body.body else self._body
-                        await self._director.prepare(self.ctx, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                        last = body.body
+                        if self._body_bytes + len(last) <= self._director.config.max_request_body_bytes:
+                            chunks = [*self._body, last] if last else self._body
+                            await self._director.prepare(self.ctx,
+                                                         chunks[0] if len(chunks) == 1 else b"".join(chunks))
                     out = self.on_request_body(body)
                 elif kind == "request_trailers":
                     out = self.on_request_trailers()
                 elif kind == "response_headers":
-                    out = self.on_response_headers(msg.response_headers)
+                    out = self.on_response_headers(msg.response_headers, msg)
                 elif kind == "response_body":
                     out = self.on_response_body(msg.response_body)
                 elif kind == "response_trailers":
@@ -120,17 +162,32 @@ class StreamProcessor:
                     if resp.HasField("immediate_response"):
                         return
         finally:
+            self._release_budget()
             self._complete()
+
+    def _configure(self, cfg: pb.ProtocolConfiguration) -> None:
+        """Envoy sends its processing modes once, with the first message of the stream."""
+        self._request_mode = cfg.request_body_mode
+        self._response_mode = cfg.response_body_mode
 
     # -- request path ------------------------------------------------------------------------
     def on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        if msg.HasField("protocol_config"):
-            self._request_mode = msg.protocol_config.request_body_mode or _FULL_DUPLEX
-            self._response_mode = msg.protocol_config.response_body_mode
+        if self._headers_seen:  # one request per stream: a repeated headers message changes nothing
+            return []
+        self._headers_seen = True
         ctx = self.ctx
+        bad_header = ""
+        declared = ""
         for h in msg.request_headers.headers.headers:
             if h.key in _WANTED_HEADERS:
-                value = h.raw_value.decode() if h.raw_value else h.value
+                if h.raw_value:
+                    try:
+                        value = h.raw_value.decode()
+                    except UnicodeDecodeError:
+                        bad_header = bad_header or h.key
+                        continue
+                else:
+                    value = h.value
                 if h.key == ":path":
                     ctx.path = value
                 elif h.key == ":method":
@@ -139,37 +196,94 @@ class StreamProcessor:
                     ctx.request_id = value
                 elif h.key == "test-epp-endpoint-selection":
                     ctx.test_selection = value
+                elif h.key == "content-length":
+                    declared = value
                 else:
                     ctx.objective = value
         ctx.subset = _subset_hint(msg)
         if not ctx.request_id:
             ctx.request_id = self._new_request_id = self._director.new_request_id()
+        if bad_header:
+            self._body_done = True
+            return [self._error(EppError(ErrorCode.BAD_REQUEST, f"header {bad_header} is not valid UTF-8"))]
         if msg.request_headers.end_of_stream:
             resp = self._route_bodiless()
-        elif self._request_mode == _BUFFERED or self._request_mode == mode_pb.ProcessingMode.STREAMED:
-            resp = R.empty_request_headers()
+        elif self._request_mode not in _SUPPORTED_BODY_MODES:
+            return [self._refuse_mode()]
         else:
-            return []  # FULL_DUPLEX_STREAMED: the headers reply waits for the decision
+            if declared.isascii() and declared.isdigit():
+                refused = self._reserve(int(declared))
+                if refused is not None:
+                    return [refused]
+            if self._request_mode != _BUFFERED:
+                return []  # FULL_DUPLEX_STREAMED: the headers reply waits for the decision
+            resp = R.empty_request_headers()
         if self._response_mode != _FULL_DUPLEX and not resp.HasField("immediate_response"):
             # Envoy honours mode_override only in a headers reply and without full-duplex bodies.
             self._sampled = self._director.usage_sampler.take()
-            R.override_response_mode(resp, self._request_mode, headers=self._explain, body=self._sampled)
+            # Response headers only when read: to explain, or to learn which of several endpoints served.
+            headers = self._explain or self._director.config.max_endpoints > 1
+            R.override_response_mode(resp, self._request_mode, headers=headers, body=self._sampled)
         return [resp]
+
+    def _refuse_mode(self) -> pb.ProcessingResponse:
+        self._body_done = True
+        mode = self._request_mode
+        name = mode_pb.ProcessingMode.BodySendMode.Name(mode) if 0 <= mode <= 4 else str(mode)
+        if mode not in _refused_modes_logged:
+            _refused_modes_logged.add(mode)
+            log.error("unsupported ext_proc request_body_mode: configure FULL_DUPLEX_STREAMED or BUFFERED",
+                      extra={"request_body_mode": name})
+        return self._error(EppError(ErrorCode.INTERNAL, f"the endpoint picker does not support the ext_proc "
+                                    f"request_body_mode {name}; use FULL_DUPLEX_STREAMED or BUFFERED"))
+
+    def _reserve(self, n: int) -> pb.ProcessingResponse | None:
+        """Reserve n more buffered bytes (413 above the per-request limit, 429 beyond the global budget)."""
+        limit = self._director.config.max_request_body_bytes
+        if n > limit:
+            return self._too_large(limit)
+        budget = self._budget
+        if budget is None:
+            return None
+        if not budget.try_reserve(n):
+            self._release_budget()
+            self._body_done = True
+            self._body = []
+            return self._error(EppError(
+                ErrorCode.RESOURCE_EXHAUSTED, "the endpoint picker is buffering too many request bytes; retry later",
+                retry_after_s=RETRY_AFTER_S))
+        self._reserved += n
+        return None
+
+    def _release_budget(self) -> None:
+        if self._reserved and self._budget is not None:
+            self._budget.release(self._reserved)
+        self._reserved = 0
+
+    def _too_large(self, limit: int) -> pb.ProcessingResponse:
+        self._body_done = True
+        self._body = []
+        self._release_budget()
+        return self._error(EppError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body exceeds {limit} bytes"))
 
     def on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self._body_done:
             return []
-        if body.body:
-            self._body.append(body.body)
-            self._body_bytes += len(body.body)
+        if self._request_mode not in _SUPPORTED_BODY_MODES:
+            return [self._refuse_mode()]  # Envoy skipped the headers phase
+        chunk = body.body
+        if chunk:
+            self._body_bytes += len(chunk)
             limit = self._director.config.max_request_body_bytes
             if self._body_bytes > limit:
-                self._body_done = True
-                self._body = []
-                return [self._error(EppError(ErrorCode.PAYLOAD_TOO_LARGE,
-                                             f"request body exceeds {limit} bytes"))]
+                return [self._too_large(limit)]
+            if self._body_bytes > self._reserved and self._budget is not None:
+                refused = self._reserve(self._body_bytes - self._reserved)
+                if refused is not None:
+                    return [refused]
+            self._body.append(chunk)
         if not body.end_of_stream:
-            return [R.empty_request_body()] if self._request_mode == mode_pb.ProcessingMode.STREAMED else []
+            return []
         return self._route_body()
 
     def on_request_trailers(self) -> list[pb.ProcessingResponse]:
@@ -191,6 +305,7 @@ class StreamProcessor:
             decision = self._director.route(ctx, raw)
             del raw
         except EppError as err:
+            self._release_budget()
             return [self._error(err)]
         self._metrics.observe_decision(time.perf_counter() - start)
         self.decision = decision
@@ -203,9 +318,12 @@ class StreamProcessor:
         self._metrics.routed(model, model)
         new_id = self._new_request_id
         if self._request_mode == _BUFFERED:
+            self._release_budget()  # nothing to stream back: the body is no longer held
             return [R.routed_headers(decision.destination, None, new_id, buffered=True)]
         out = [R.routed_headers(decision.destination, self._body_bytes, new_id, buffered=False)]
         R.echo_request_body(chunks, out)
+        # The body now lives on in the chunk replies only until they are written.
+        self._release_budget()
         return out
 
     def _route_bodiless(self) -> pb.ProcessingResponse:
@@ -223,10 +341,32 @@ class StreamProcessor:
         self._metrics.error(model, model, err.code.value, err.http_status)
         log.info("request rejected", extra={"request_id": self.ctx.request_id, "code": err.code.value,
                                              "status": err.http_status, "reason": err.message})
-        return R.immediate_error(err)
+        rid = self.ctx.request_id
+        return R.immediate_error(err, rid if len(rid) <= _MAX_ECHOED_ID else "")
+
+    def _internal_error(self, exc: Exception) -> pb.ProcessingResponse:
+        """A fault of the picker itself: one log line with the traceback, without the exception's
+        message (it may quote the prompt), and a 500 that names the request id."""
+        self._release_budget()
+        self._complete()
+        rid = self.ctx.request_id or self._director.new_request_id()
+        self.ctx.request_id = rid
+        log.error("internal error", extra={"request_id": rid, "exception": type(exc).__name__,
+                                           "traceback": "".join(traceback.format_tb(exc.__traceback__))})
+        err = EppError(ErrorCode.INTERNAL, f"internal error in the endpoint picker (request id {rid})")
+        try:
+            return self._error(err)
+        except Exception:  # the metrics or the logging failed too: still answer
+            return R.immediate_error(err)
 
     # -- response path -----------------------------------------------------------------------
-    def on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+    def on_response_headers(self, headers: pb.HttpHeaders,
+                            msg: pb.ProcessingRequest | None = None) -> list[pb.ProcessingResponse]:
+        decision, ep = self.decision, self._endpoint
+        if decision is not None and ep is not None and len(decision.endpoints) > 1:
+            served = _served_endpoint(msg, headers)
+            if served:  # a fallback may have served it: move the accounting there
+                self._endpoint = self._director.served_by(decision, ep, served)
         extra: tuple[tuple[str, str], ...] = ()
         if self._explain and self.decision is not None:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
@@ -267,6 +407,21 @@ class StreamProcessor:
         if ep is not None:
             self._endpoint = None
             self._director.complete(ep)
+
+
+def _served_endpoint(msg: pb.ProcessingRequest | None, headers: pb.HttpHeaders) -> str:
+    """x-gateway-destination-endpoint-served: the envoy.lb metadata the protocol defines, else
+    the response header of the same name (the proxy sets it; prefix-epp envoy-config does both)."""
+    if msg is not None:
+        fm = msg.metadata_context.filter_metadata
+        if R.LB_NAMESPACE in fm:
+            value = fm[R.LB_NAMESPACE].fields.get(R.SERVED_HEADER)
+            if value is not None and value.string_value:
+                return str(value.string_value)
+    for h in headers.headers.headers:
+        if h.key == R.SERVED_HEADER:
+            return h.raw_value.decode(errors="replace") if h.raw_value else str(h.value)
+    return ""
 
 
 def _subset_hint(msg: pb.ProcessingRequest) -> list[str] | None:

@@ -8,7 +8,7 @@ metadata `envoy.lb / x-gateway-destination-endpoint`. Envoy should route on the 
 
 from __future__ import annotations
 
-from extproc.errors import EppError
+from extproc.errors import CONTENT_TYPE, EppError
 from extproc.pb import envoy_core_pb2 as core
 from extproc.pb import envoy_processing_mode_pb2 as mode_pb
 from extproc.pb import external_processor_pb2 as pb
@@ -152,12 +152,16 @@ def empty_trailers(request: bool) -> pb.ProcessingResponse:
     return resp
 
 
-def immediate_error(err: EppError) -> pb.ProcessingResponse:
-    """ImmediateResponse with status and body `inference error: <Code> - <message>`."""
+def immediate_error(err: EppError, request_id: str = "") -> pb.ProcessingResponse:
+    """ImmediateResponse with the status, the JSON error body (extproc/errors.py) and its content type."""
     resp = pb.ProcessingResponse()
     imm = resp.immediate_response
     imm.status.code = err.http_status  # type: ignore[assignment]
     imm.body = err.body()
     imm.details = f"prefix_epp_{err.code.value}"
-    _set_header(imm.headers, "content-type", "text/plain; charset=utf-8")
+    _set_header(imm.headers, "content-type", CONTENT_TYPE)
+    if err.retry_after_s is not None:
+        _set_header(imm.headers, "retry-after", str(err.retry_after_s))
+    if request_id:
+        _set_header(imm.headers, "x-request-id", request_id)
     return resp

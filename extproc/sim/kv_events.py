@@ -99,6 +99,8 @@ class KVEventPublisher:
         self._pub: zmq.asyncio.Socket | None = None
         self._replay: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
+        self._sub_task: asyncio.Task[None] | None = None
+        self.subscriptions = 0  # subscribers connected now (XPUB subscription messages)
 
     @property
     def next_sequence(self) -> int:
@@ -106,7 +108,10 @@ class KVEventPublisher:
 
     def start(self) -> None:
         """Open the sockets; `endpoint`/`replay_endpoint` then hold the resolved addresses."""
-        pub = self._ctx.socket(zmq.PUB)
+        # XPUB sends exactly like PUB and also tells who subscribed, so callers can wait for a
+        # subscriber instead of guessing how long ZeroMQ takes to connect (messages published
+        # before a subscription arrives are dropped).
+        pub = self._ctx.socket(zmq.XPUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, self._hwm)
         try:
@@ -119,6 +124,7 @@ class KVEventPublisher:
             pub.close()
             raise
         self._pub = pub
+        self._sub_task = asyncio.create_task(self._count_subscriptions(pub), name="kv-events-subscriptions")
         if self.replay_endpoint:
             router = self._ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
@@ -150,6 +156,15 @@ class KVEventPublisher:
         if isinstance(sent, asyncio.Future) and sent.done() and sent.exception() is not None:
             self.dropped += 1
 
+    async def _count_subscriptions(self, pub: zmq.asyncio.Socket) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            while True:
+                frame = await pub.recv()
+                if frame[:1] == b"\x01":
+                    self.subscriptions += 1
+                elif frame[:1] == b"\x00":
+                    self.subscriptions = max(0, self.subscriptions - 1)
+
     async def _serve_replay(self, router: zmq.asyncio.Socket) -> None:
         while True:
             try:
@@ -166,10 +181,11 @@ class KVEventPublisher:
                 log.warning("kv_events_replay_failed", extra={"error": str(exc)})
 
     async def close(self) -> None:
-        if self._replay_task is not None:
-            self._replay_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._replay_task
+        for task in (self._replay_task, self._sub_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for sock in (self._pub, self._replay):
             if sock is not None:
                 sock.close(linger=0)

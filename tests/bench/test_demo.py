@@ -5,8 +5,6 @@ Reduced form: 2 replicas, 20 requests (4 groups x 5 sharing a system prompt), ra
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from bench.demo import demo
@@ -19,9 +17,7 @@ SMOKE = SharedPrefixParams(groups=4, per_group=5, system_tokens=800, question_to
 
 def test_demo_pipeline_end_to_end() -> None:
     lines: list[str] = []
-    began = time.monotonic()
-    result = demo(SMOKE, replicas=2, log=lines.append)
-    assert time.monotonic() - began < 30
+    result = demo(SMOKE, replicas=2, log=lines.append)  # its duration is a README figure, not a test
     assert list(result.rows) == ["random", "prefix-epp"]
     for router, row in result.rows.items():
         assert row["requests"] == 20 and row["errors"] == 0, router

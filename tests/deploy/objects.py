@@ -3,29 +3,27 @@ and schema validation.
 
 Validation (`validate`): built-in kinds against the Kubernetes OpenAPI schemas bundled with
 kubernetes-validate (strict: unknown fields are errors), for every version in `K8S_VERSIONS`;
-custom resources (InferencePool, Gateway API and Envoy Gateway kinds) against the JSON schemas in
-tests/deploy/schemas/, written from the upstream API types (each file's description names its
-source). An object of any other kind fails: a new kind needs a schema before it ships.
+custom resources (InferencePool, Gateway API and Envoy Gateway kinds) against the upstream CRDs
+vendored under tests/deploy/crds/ (tests/deploy/crd_validation.py), including their offline-
+evaluable CEL rules, for the oldest and newest supported release of each project
+(versions.env). An object of any other kind fails: a new kind needs a CRD before it ships.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate  # type: ignore[import-untyped]
 
+from tests.deploy import crd_validation
 from tests.deploy.helm import REPO_ROOT
+from tests.deploy.versions import VERSIONS, semver
 
 Obj = dict[str, Any]
 
 CHART = REPO_ROOT / "charts" / "prefix-epp"
 MANIFESTS = REPO_ROOT / "manifests"
-SCHEMAS = Path(__file__).parent / "schemas"
 RELEASE = "prefix-epp"
 NAMESPACE = "prefix-epp"
 
@@ -63,20 +61,19 @@ VALUE_SETS: dict[str, Obj] = {
     "eg-ai-gateway": {"envoyGateway": {"enabled": True, "inferencePoolBackend": True}},
     "eg-nodeport": {"envoyGateway": {"enabled": True,
                                      "envoyProxy": {"serviceType": "NodePort", "nodePort": 30080}}},
+    "eg-fallbacks": {"envoyGateway": {"enabled": True}, "picker": {"maxEndpoints": 3}},
+    "eg-oldest-supported": {"envoyGateway": {"enabled": True, "version": "v1.5.0"}},
 }
 
-CRD_SCHEMAS: dict[tuple[str, str], str] = {
-    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-v1.json",
-    ("gateway.networking.k8s.io/v1", "GatewayClass"): "gatewayclass-v1.json",
-    ("gateway.networking.k8s.io/v1", "Gateway"): "gateway-v1.json",
-    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-v1.json",
-    ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"): "backendtlspolicy-v1.json",
-    ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"): "envoyextensionpolicy-v1alpha1.json",
-    ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy"): "backendtrafficpolicy-v1alpha1.json",
-    ("gateway.envoyproxy.io/v1alpha1", "ClientTrafficPolicy"): "clienttrafficpolicy-v1alpha1.json",
-    ("gateway.envoyproxy.io/v1alpha1", "Backend"): "backend-v1alpha1.json",
-    ("gateway.envoyproxy.io/v1alpha1", "EnvoyProxy"): "envoyproxy-v1alpha1.json",
+# Custom resources are validated against the vendored upstream CRDs (tests/deploy/crds/) of the
+# project that defines their API group, for every vendored release from the oldest that supports
+# the object (versions.env) to the newest tested.
+CRD_PROJECTS: dict[str, str] = {
+    "inference.networking.k8s.io": "inference-extension",
+    "gateway.networking.k8s.io": "envoy-gateway",  # Envoy Gateway's Helm chart installs these CRDs
+    "gateway.envoyproxy.io": "envoy-gateway",
 }
+
 
 
 def deep_merge(base: Obj, override: Obj) -> Obj:
@@ -114,34 +111,35 @@ def container(deployment: Obj, name: str | None = None) -> Obj:
     return next(c for c in containers if c["name"] == name)
 
 
-@cache
-def crd_schema(filename: str) -> Obj:
-    schema: Obj = json.loads((SCHEMAS / filename).read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return schema
+def crd_releases(obj: Obj) -> list[tuple[str, str]]:
+    """(project, version) of every vendored release `obj` must be valid against."""
+    group = obj.get("apiVersion", "").rpartition("/")[0]
+    project = CRD_PROJECTS[group]
+    if project == "inference-extension":
+        return [(project, v) for v in (VERSIONS.gie_min, VERSIONS.gie)]
+    oldest = VERSIONS.eg_verified_tls_min if obj.get("kind") == "BackendTLSPolicy" else VERSIONS.eg_min
+    vendored = sorted({r["file"].split("/")[1] for r in crd_validation.sources()
+                       if r["file"].startswith("envoy-gateway/")}, key=semver)
+    return [(project, v) for v in vendored if semver(oldest) <= semver(v) <= semver(VERSIONS.eg)]
 
 
-def crd_errors(obj: Obj) -> list[str]:
-    """Schema errors of a custom resource (KeyError when no schema is kept for its kind)."""
-    schema = crd_schema(CRD_SCHEMAS[(obj["apiVersion"], obj["kind"])])
-    validator = jsonschema.Draft202012Validator(schema)
-    return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
-            for e in validator.iter_errors(obj)]
-
-
-def validate(obj: Obj) -> None:
-    """Raise AssertionError with every problem of `obj` against its schema."""
+def validate(obj: Obj, cel: crd_validation.CelReport | None = None) -> None:
+    """Raise AssertionError with every problem of `obj` against its schemas (and their CEL rules)."""
     ident = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
     key = (obj.get("apiVersion", ""), obj.get("kind", ""))
-    if key in CRD_SCHEMAS:
-        errors = crd_errors(obj)
-        assert not errors, f"{ident}: " + "; ".join(errors)
+    if key[0].rpartition("/")[0] in CRD_PROJECTS:
+        for project, version in crd_releases(obj):
+            try:
+                errors = crd_validation.errors(obj, project, version, cel)
+            except crd_validation.CrdUnknown as exc:
+                raise AssertionError(f"{ident}: {exc}") from exc
+            assert not errors, f"{ident} against {project} {version}: " + "; ".join(errors)
         return
     for version in K8S_VERSIONS:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.SchemaNotFoundError as exc:
-            raise AssertionError(f"{ident}: no schema for {key} (add one to tests/deploy/schemas/)") from exc
+            raise AssertionError(f"{ident}: no schema for {key} (vendor its CRD under tests/deploy/crds/)") from exc
         except kubernetes_validate.ValidationError as exc:
             path = ".".join(str(p) for p in exc.path)
             raise AssertionError(f"{ident} against Kubernetes {version}: {path}: {exc.message}") from exc

@@ -28,7 +28,8 @@ from tests.deploy.objects import (
 
 Render = Callable[[str], list[Obj]]
 
-BASE_KINDS = {"ServiceAccount", "ConfigMap", "Role", "RoleBinding", "Service", "Deployment", "InferencePool"}
+BASE_KINDS = {"ServiceAccount", "ConfigMap", "Role", "RoleBinding", "Service", "Deployment", "InferencePool",
+              "PodDisruptionBudget", "Secret"}
 PLAIN_EG_KINDS = {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "BackendTrafficPolicy", "ClientTrafficPolicy",
                   "EnvoyProxy"}
 
@@ -43,6 +44,8 @@ EXPECTED_KINDS: dict[str, set[str]] = {
     "eg-plaintext": BASE_KINDS | PLAIN_EG_KINDS,
     "eg-ai-gateway": BASE_KINDS | {"Gateway", "HTTPRoute", "EnvoyProxy"},
     "eg-nodeport": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
+    "eg-fallbacks": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
+    "eg-oldest-supported": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
 }
 
 

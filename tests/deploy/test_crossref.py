@@ -5,16 +5,19 @@ and the Envoy Gateway wiring points at the picker and at the pool's pods."""
 from __future__ import annotations
 
 import argparse
+import base64
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 import yaml
 
 from extproc.config import EppConfig
+from extproc.discovery.objectives import OBJECTIVE_GROUPS
 from extproc.scheduling.build import default_profile
 from extproc.scheduling.config_loader import load_text
-from extproc.serve import add_arguments, config_from_args
+from extproc.serve import add_arguments, config_from_args, validate
 from tests.deploy.objects import CHART, NAMESPACE, RELEASE, VALUE_SETS, Obj, container, find, find_all
 
 Render = Callable[[str], list[Obj]]
@@ -66,6 +69,7 @@ def test_args_parse_and_match_the_chart(render: Render, name: str) -> None:
     assert config.pool_group == "inference.networking.k8s.io"
     assert config.secure_serving is tls_enabled
     assert config.max_endpoints == values.get("picker", {}).get("maxEndpoints", 1)
+    assert config.max_buffered_bytes == values.get("picker", {}).get("maxBufferedBytes", DEFAULTS.max_buffered_bytes)
     assert ns.config_file == c["volumeMounts"][0]["mountPath"] + "/config.yaml"
     if values.get("tls", {}).get("existingSecret"):
         assert config.cert_path == next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tls")
@@ -84,16 +88,20 @@ def test_chart_defaults_equal_eppconfig() -> None:
     assert picker["metricsPort"] == DEFAULTS.metrics_port
     assert picker["maxEndpoints"] == DEFAULTS.max_endpoints
     assert picker["explainDecisions"] == DEFAULTS.explain_decisions
+    assert picker["maxBufferedBytes"] == DEFAULTS.max_buffered_bytes
     assert VALUES["tls"]["enabled"] == DEFAULTS.secure_serving
     assert VALUES["inferencePool"]["apiGroup"] == DEFAULTS.pool_group
 
 
 def test_default_render_parses_to_eppconfig_defaults(render: Render) -> None:
-    """Apart from what the chart must set (pool, namespace, config file), the default chart's
-    flags leave every EppConfig field at its default."""
+    """Apart from what the chart must set (pool, namespace, config file; peer sync on, and a drain
+    that fits the grace period with the preStop sleep), the default chart's flags leave every
+    EppConfig field at its default."""
     config = config_from_args(parse(serve_args(render("default"))))
     differing = {f.name for f in fields(EppConfig) if getattr(config, f.name) != getattr(DEFAULTS, f.name)}
-    assert differing == {"pool_name", "pool_namespace", "config_file"}
+    assert differing == {"pool_name", "pool_namespace", "config_file", "sync", "drain"}
+    assert replace(config.sync, port=0, peer_selector="") == DEFAULTS.sync
+    assert replace(config.drain, timeout_s=DEFAULTS.drain.timeout_s) == DEFAULTS.drain
 
 
 def test_default_config_is_the_builtin_profile() -> None:
@@ -115,6 +123,27 @@ def test_rendered_config_loads_and_agrees_with_flags(render: Render, name: str) 
     assert profile is not None
     # The file may not contradict the flags the chart sets (e.g. maxNumOfEndpoints vs --max-endpoints).
     assert config.max_endpoints == flags.max_endpoints
+
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_chart_args_pass_start_up_validation(render: Render, name: str, tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's own flags, config file and environment start the picker: no error, no overridden flag."""
+    objs = render(name)
+    flags = config_from_args(parse(serve_args(objs)))
+    cm = find(objs, "ConfigMap", f"{RELEASE}-config")
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    [container] = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    for env in container.get("env", []):
+        ref = env.get("valueFrom", {}).get("secretKeyRef")
+        if ref:  # the peer-sync secret, as the kubelet would inject it from the chart's Secret
+            secret = find(objs, "Secret", ref["name"])
+            monkeypatch.setenv(env["name"], base64.b64decode(secret["data"][ref["key"]]).decode())
+    with caplog.at_level("WARNING", logger="prefix_epp"):
+        validate(replace(flags, config_file=str(path)))
+    assert not caplog.records
 
 
 @pytest.mark.parametrize("name", sorted(n for n in VALUE_SETS if n != "inference-pool-disabled"))
@@ -139,7 +168,7 @@ def test_rbac_is_least_privilege(render: Render) -> None:
     read = ("get", "list", "watch")
     expected = {("", "pods", v) for v in read}
     expected |= {("inference.networking.k8s.io", "inferencepools", v) for v in read}
-    expected |= {("inference.networking.x-k8s.io", "inferenceobjectives", v) for v in read}
+    expected |= {(g, "inferenceobjectives", v) for g in OBJECTIVE_GROUPS for v in read}
     assert granted == expected
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"]), "no resourceNames/URLs"
     assert not find_all(objs, "ClusterRole") and not find_all(objs, "ClusterRoleBinding")

@@ -170,3 +170,23 @@ def test_eks_pulls_the_picker_and_uses_a_load_balancer(eks: list[Obj]) -> None:
     service = find(eks, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyService"]
     assert service["type"] == "LoadBalancer" and "patch" not in service
     assert service["annotations"]["service.beta.kubernetes.io/aws-load-balancer-type"] == "external"
+
+
+def test_image_reaches_every_workload_of_the_quickstart(kubectl: Kubectl, helm: Helm) -> None:
+    """kind-up.sh's IMAGE goes to the simulator (kubectl set image --local, run here offline with the
+    pinned kubectl) and to the picker (the chart's image values)."""
+    image = "registry.example:5000/team/prefix-epp:v9"
+    assert ('kubectl set image --local --filename "$ROOT/manifests/base/simulator.yaml" "*=${IMAGE}" --output yaml'
+            in SCRIPT)
+    proc = kubectl("set", "image", "--local", "--filename", str(MANIFESTS / "base" / "simulator.yaml"),
+                   f"*={image}", "--output", "yaml")
+    assert proc.returncode == 0, proc.stderr
+    sims = [o for o in load_documents(proc.stdout) if o["kind"] == "Deployment"]
+    assert sims and all(c["image"] == image for d in sims for c in d["spec"]["template"]["spec"]["containers"])
+    assert '--set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}"' in SCRIPT
+    repository, _, tag = image.rpartition(":")
+    objs = helm.template(REPO_ROOT / "charts" / "prefix-epp", release="prefix-epp", namespace="prefix-epp",
+                         values={"image": {"repository": repository, "tag": tag}},
+                         values_files=[MANIFESTS / "values-kind.yaml"])
+    deployments = [o for o in objs if o["kind"] == "Deployment"]
+    assert deployments and all(container(d)["image"] == image for d in deployments)

@@ -74,7 +74,7 @@ def test_list_then_live_events(api: KubeApi) -> None:
         assert w.lists == 1
     finally:
         w.stop()
-        assert w.join(1.0)
+        assert w.join(5.0)
 
 
 @pytest.mark.parametrize("as_event", [False, True])
@@ -93,7 +93,7 @@ def test_410_gone_leads_to_a_fresh_list(api: KubeApi, as_event: bool) -> None:
         assert w.lists == 2
     finally:
         w.stop()
-        assert w.join(1.0)
+        assert w.join(5.0)
 
 
 def test_a_cut_stream_is_watched_again_without_a_list(api: KubeApi) -> None:
@@ -112,7 +112,7 @@ def test_a_cut_stream_is_watched_again_without_a_list(api: KubeApi) -> None:
         assert api.watch_count(PODS) == watches + 1 and w.lists == 1
     finally:
         w.stop()
-        assert w.join(1.0)
+        assert w.join(5.0)
 
 
 def test_a_quiet_stream_times_out_and_is_watched_again(api: KubeApi) -> None:
@@ -122,13 +122,13 @@ def test_a_quiet_stream_times_out_and_is_watched_again(api: KubeApi) -> None:
     try:
         rec.wait(lambda r: len(r.lists) == 1)
         first = api.watch_count(PODS)
-        deadline = time.monotonic() + 4
+        deadline = time.monotonic() + 15
         while api.watch_count(PODS) == first and time.monotonic() < deadline:
             time.sleep(0.05)
         assert api.watch_count(PODS) == first + 1 and w.lists == 1
     finally:
         w.stop()
-        assert w.join(1.0)
+        assert w.join(5.0)
 
 
 def test_api_down_at_start_is_retried_with_backoff() -> None:
@@ -144,15 +144,15 @@ def test_api_down_at_start_is_retried_with_backoff() -> None:
             api.start()
             api.create(PODS, pod("a", {"app": "v"}))
             # The first successful LIST may land before or after the create; either way the pod is seen.
-            rec.wait(lambda r: len(r.lists) >= 1 and (["a"] in r.lists or ("ADDED", "a") in r.events), timeout=3)
+            rec.wait(lambda r: len(r.lists) >= 1 and (["a"] in r.lists or ("ADDED", "a") in r.events), timeout=15)
             listed = len(rec.lists)
             api.stop_server()  # an outage while watching: list again once it is back
             time.sleep(0.3)
             api.start()  # the object store survived the restart
-            rec.wait(lambda r: len(r.lists) > listed and r.lists[-1] == ["a"], timeout=3)
+            rec.wait(lambda r: len(r.lists) > listed and r.lists[-1] == ["a"], timeout=15)
         finally:
             w.stop()
-            assert w.join(1.0)
+            assert w.join(5.0)
 
 
 def test_stop_is_prompt_while_blocked_in_a_watch_and_relist_is_on_demand(api: KubeApi) -> None:
@@ -166,8 +166,8 @@ def test_stop_is_prompt_while_blocked_in_a_watch_and_relist_is_on_demand(api: Ku
     time.sleep(0.1)
     t0 = time.monotonic()
     w.stop()
-    assert w.join(1.0)
-    assert time.monotonic() - t0 < 0.5
+    assert w.join(5.0)
+    assert time.monotonic() - t0 < 3.0  # prompt: far below the 300 s watch timeout
 
 
 def test_backoff_is_capped_jittered_and_the_first_410_is_free() -> None:

@@ -88,7 +88,8 @@ def picker_for(tmp: Path, endpoints: list[str], *extra: str, secure: bool = Fals
 @contextlib.contextmanager
 def stack(tmp: Path, n_backends: int = 3, *picker_args: str, secure: bool = False, delay: float = 0.0,
           envoy_endpoints: bool = False, dead_endpoints: tuple[str, ...] = (),
-          request_body_mode: str = "BUFFERED", response_processing: str = "end") -> Iterator[Stack]:
+          request_body_mode: str = "BUFFERED", response_processing: str = "end",
+          failure_mode_allow: bool = False) -> Iterator[Stack]:
     with echo_backends(tmp, n_backends, delay) as backends:
         endpoints = [*dead_endpoints, *backends]
         picker = picker_for(tmp, endpoints, *picker_args, secure=secure)
@@ -96,10 +97,18 @@ def stack(tmp: Path, n_backends: int = 3, *picker_args: str, secure: bool = Fals
         try:
             with run_envoy(tmp, picker.grpc_port, epp_tls=secure, request_body_mode=request_body_mode,
                            response_processing=response_processing,
-                           endpoints=tuple(endpoints) if envoy_endpoints else ()) as (_, listen, admin):
+                           endpoints=tuple(endpoints) if envoy_endpoints else (),
+                           max_endpoints=_max_endpoints(picker_args),
+                           failure_mode_allow=failure_mode_allow) as (_, listen, admin):
                 yield Stack(backends, picker, listen, admin)
         finally:
             picker.stop()
+
+
+def _max_endpoints(picker_args: tuple[str, ...]) -> int:
+    """The picker's --max-endpoints, so Envoy's retry policy walks as many endpoints."""
+    args = list(picker_args)
+    return int(args[args.index("--max-endpoints") + 1]) if "--max-endpoints" in args else 1
 
 
 @pytest.fixture(scope="module")

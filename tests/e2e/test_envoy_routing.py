@@ -93,19 +93,22 @@ async def test_test_epp_endpoint_selection_header(default_stack: Stack) -> None:
         assert {r.served_by for r in replies} <= set(default_stack.backends[:2])
         r = await post(s, url, completion("x"), headers={"test-epp-endpoint-selection": "10.255.0.1"})
         assert r.status == 503
-        assert r.body.startswith(b"inference error: ServiceUnavailable - ")
+        assert r.headers["content-type"] == "application/json"
+        assert r.json()["error"]["type"] == "ServiceUnavailableError"
 
 
 @pytest.mark.parametrize(("raw", "needle"), [
-    (b'{"model": "m", "prompt": ', b"inference error: BadRequest - request body is not valid JSON"),
-    (b'["not", "an", "object"]', b"inference error: BadRequest - request body must be a JSON object"),
-    (b'{"prompt": "no model"}', b"inference error: BadRequest - model not found in request body"),
+    (b'{"model": "m", "prompt": ', "request body is not valid JSON"),
+    (b'["not", "an", "object"]', "request body must be a JSON object"),
+    (b'{"prompt": "no model"}', "model not found in request body"),
 ])
-async def test_bad_requests_get_400(default_stack: Stack, raw: bytes, needle: bytes) -> None:
+async def test_bad_requests_get_400(default_stack: Stack, raw: bytes, needle: str) -> None:
     async with aiohttp.ClientSession() as s:
         r = await post(s, f"{default_stack.url}/v1/completions", raw=raw)
         assert r.status == 400
-        assert r.body.startswith(needle)
+        assert r.headers["content-type"] == "application/json"
+        err = r.json()["error"]
+        assert err["message"].startswith(needle) and err["type"] == "BadRequestError" and err["code"] == 400
         assert "x-served-by" not in r.headers
 
 
@@ -137,6 +140,26 @@ async def test_forged_destination_header_is_ignored(default_stack: Stack) -> Non
             seen = r.json()["headers"]
             assert seen["x-gateway-destination-endpoint"] == home
             assert "x-gateway-destination-endpoint-subset" not in seen
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+async def test_forged_destination_header_steers_nothing_while_the_picker_is_down(
+        tmp_path: Path, fail_open: bool) -> None:
+    """With the picker down nothing overwrites a forged header: only routing on the picker's
+    metadata (never on the request header) keeps the client from choosing the backend. Fail-open
+    makes Envoy forward such requests, so a header-routed cluster would serve them (Envoy honours
+    fail-open only outside FULL_DUPLEX_STREAMED, hence BUFFERED there)."""
+    mode = "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED"
+    with stack(tmp_path, 2, failure_mode_allow=fail_open, request_body_mode=mode) as st:
+        url = f"{st.url}/v1/completions"
+        target = st.backends[1]
+        async with aiohttp.ClientSession() as s:
+            assert (await post(s, url, completion("up"))).status == 200
+            st.picker.stop()
+            forged = {"x-gateway-destination-endpoint": target, "x-gateway-destination-endpoint-subset": target}
+            for _ in range(5):
+                r = await post(s, url, completion("while down"), headers=forged)
+                assert r.served_by == "" and r.status in (500, 503), (r.status, r.served_by)
 
 
 async def test_sse_stream_passes_through_as_it_is_produced(default_stack: Stack) -> None:

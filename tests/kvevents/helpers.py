@@ -57,7 +57,7 @@ def precise_blocks(m: KVEventsManager, rep: Replica, prompt: str) -> int:
     return m.index.match(keys, [key], m.now()).get(key, 0)
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -68,6 +68,11 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
 async def agrees(m: KVEventsManager, rep: Replica, prompts: list[str] = PROMPTS) -> None:
     """Wait until the precise index reports, for every prompt, exactly what the cache holds."""
     await wait_for(lambda: all(precise_blocks(m, rep, p) == sim_blocks(rep, p) for p in prompts))
+
+
+async def subscribed(reps: list[Replica]) -> None:
+    """Wait until every replica's publisher has a subscriber (ZeroMQ drops what is sent before)."""
+    await wait_for(lambda: all(r.publisher is not None and r.publisher.subscriptions >= 1 for r in reps))
 
 
 @dataclass
@@ -95,7 +100,7 @@ async def events_stack(n: int = 1, *, sim: SimConfig = SIM, config: KVEventsConf
         await asyncio.sleep(0)
         if subscribe:
             ds.set_endpoints([spec_for(r, replay) for r in reps])
-            await asyncio.sleep(0.2)  # let the SUB subscriptions reach the publishers
+            await subscribed(reps)
         try:
             yield Events(reps, ds, manager)
         finally:

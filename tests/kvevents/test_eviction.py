@@ -11,7 +11,16 @@ from extproc.config import EppConfig, KVEventsConfig
 from extproc.director import RequestContext
 from extproc.prefix.hashing import block_hashes
 from extproc.request.openai import Api, parse_request
-from tests.kvevents.helpers import PROMPTS, agrees, complete, events_stack, precise_blocks, sim_blocks, spec_for
+from tests.kvevents.helpers import (
+    PROMPTS,
+    agrees,
+    complete,
+    events_stack,
+    precise_blocks,
+    sim_blocks,
+    spec_for,
+    subscribed,
+)
 
 
 def body(prompt: str) -> bytes:
@@ -28,7 +37,7 @@ async def test_flooded_replica_loses_the_prefix_and_only_the_precise_index_knows
         app.datastore.set_endpoints([spec_for(r) for r in ev.replicas])
         task = asyncio.create_task(m.run())
         try:
-            await asyncio.sleep(0.2)
+            await subscribed(ev.replicas)
             prompt = PROMPTS[0]
             first = app.director.route(RequestContext(path="/v1/completions"), body(prompt))
             x, y = sorted(ev.replicas, key=lambda r: f"127.0.0.1:{r.port}" != first.primary.key)

@@ -29,6 +29,7 @@ from tests.kvevents.helpers import (
     precise_blocks,
     sim_blocks,
     spec_for,
+    subscribed,
     wait_for,
 )
 
@@ -112,7 +113,7 @@ async def test_restarted_engine_resets_the_sequence_and_its_entries() -> None:
         await first.start()
         await asyncio.sleep(0)
         ds.set_endpoints([spec_for(first, replay=False)])
-        await asyncio.sleep(0.2)
+        await subscribed([first])
         for p in PROMPTS[:2]:
             await complete(first, p)
         await agrees(m, first, PROMPTS[:2])
@@ -128,7 +129,7 @@ async def test_restarted_engine_resets_the_sequence_and_its_entries() -> None:
                 second = None
                 await asyncio.sleep(0.02)
         assert second is not None
-        await asyncio.sleep(0.3)  # the SUB socket reconnects on its own
+        await subscribed([second])  # the SUB socket reconnects on its own
         await complete(second, PROMPTS[2])
         await wait_for(lambda: m.stats.restarts == 1)
         assert precise_blocks(m, second, PROMPTS[0]) == 0  # the old engine's blocks are gone with it
@@ -154,7 +155,7 @@ class Clock:
 async def test_silent_publisher_ages_out_but_keeps_its_entries() -> None:
     clock = Clock()
     ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
+    pub = ctx.socket(zmq.XPUB)  # tells when the subscription has arrived
     pub.bind("tcp://127.0.0.1:*")
     endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
     ds = Datastore()
@@ -168,7 +169,7 @@ async def test_silent_publisher_ages_out_but_keeps_its_entries() -> None:
         ds.set_endpoints([EndpointSpec("127.0.0.1", 9, kv_events_endpoint=endpoint),
                           EndpointSpec("127.0.0.1", 10, kv_events_endpoint="tcp://127.0.0.1:1"),
                           EndpointSpec("127.0.0.1", 11, kv_events_endpoint="not-an-address")])
-        await asyncio.sleep(0.2)
+        assert (await asyncio.wait_for(pub.recv(), 15))[:1] == b"\x01"  # subscribed
 
         async def publish(seq: int, event: BlockStored | BlockRemoved) -> None:
             await pub.send_multipart([b"kv@test", seq.to_bytes(8, "big"), encode_batch([event], "map", 0.0)])

@@ -56,6 +56,7 @@ def test_vllm_extraction_sums_engines_and_takes_the_newest_lora_series() -> None
     assert (m.waiting, m.running, m.kv_usage) == (6.0, 4.0, 0.4)
     assert (m.block_size, m.num_gpu_blocks) == (16, 2048)
     assert m.running_loras == {"new1", "new2"} and m.waiting_loras == {"w"} and m.max_lora == 4
+    assert m.model_names == {"m"}
     assert m.ok and m.updated_at == 12.5
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from envoy_data_plane.envoy.config.core import v3 as canon_core
 from envoy_data_plane.envoy.service.ext_proc import v3 as canon
@@ -125,8 +126,10 @@ def test_immediate_response_roundtrip() -> None:
     theirs = canon.ProcessingResponse.parse(ours.SerializeToString())
     imm = theirs.immediate_response
     assert int(imm.status.code) == 503
-    assert imm.body == b"inference error: ServiceUnavailable - no endpoints"
+    assert orjson.loads(imm.body) == {"error": {"message": "no endpoints", "type": "ServiceUnavailableError",
+                                                "param": None, "code": 503}}
     assert imm.headers.set_headers[0].header.key == "content-type"
+    assert imm.headers.set_headers[0].header.raw_value == b"application/json"
     assert pb.ProcessingResponse.FromString(bytes(theirs)) == ours
 
 

@@ -83,3 +83,10 @@ def test_responses_api() -> None:
     assert p.segments == [b"instructions\x1fbe brief", b"user\x1fhello"]
     items = parse_request(Api.RESPONSES, orjson.dumps({"model": "m", "input": [{"role": "user", "content": "a"}]}))
     assert items.segments == [b"user\x1fa"]
+
+
+def test_deeply_nested_prompt_is_a_bad_request_not_a_crash() -> None:
+    deep = b'{"model": "m", "prompt": ' + b"[" * 300 + b"]" * 300 + b"}"
+    with pytest.raises(EppError) as info:
+        parse_request(Api.COMPLETIONS, deep)
+    assert info.value.code is ErrorCode.BAD_REQUEST and "nested too deeply" in info.value.message

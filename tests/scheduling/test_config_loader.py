@@ -174,3 +174,9 @@ def test_cli_defaults_come_from_eppconfig() -> None:
     assert args.refresh_metrics_interval == d["refresh_metrics_interval_s"]
     assert args.metrics_staleness_threshold == d["metrics_staleness_threshold_s"]
     assert args.config_file == d["config_file"] and args.config_text == d["config_text"]
+
+
+def test_engine_label_key_other_than_the_default_is_refused() -> None:
+    text = HEAD + "plugins:\n- type: core-metrics-extractor\n  parameters: {engineLabelKey: my.org/engine}\n"
+    with pytest.raises(ConfigError, match="engineLabelKey: expected one of"):
+        load_text(text, EppConfig())

@@ -126,6 +126,10 @@ def test_admission_sheds_only_sheddable_requests_while_saturated() -> None:
     with pytest.raises(EppError) as err:
         det.admit(sheddable, busy)
     assert err.value.code is ErrorCode.RESOURCE_EXHAUSTED and err.value.http_status == 429
+    # headroom lets the pool run that much above saturation before sheddable requests are refused
+    roomy = UtilizationDetector(SaturationConfig(headroom=0.5), clock)
+    assert 1.0 <= roomy.saturation(busy) < 1.5
+    roomy.admit(sheddable, busy)
 
 
 def test_detector_as_filter_drops_stale_and_saturated_but_never_all() -> None:

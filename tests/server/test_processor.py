@@ -54,7 +54,7 @@ def body_msgs(body: bytes, chunk: int = 1 << 20, response: bool = False) -> list
 
 
 async def drive(app: App, msgs: Sequence[pb.ProcessingRequest], explain: bool = False) -> list[pb.ProcessingResponse]:
-    proc = StreamProcessor(app.director, app.metrics, explain)
+    proc = StreamProcessor(app.director, app.metrics, explain, app.body_budget)
 
     async def gen() -> AsyncIterator[pb.ProcessingRequest]:
         for m in msgs:
@@ -118,17 +118,30 @@ async def test_bodiless_request_routed_at_once() -> None:
     assert destination(out[0]) in {ep.key for ep in app.datastore.snapshot()}
 
 
+def error_body(imm: pb.ImmediateResponse) -> dict[str, object]:
+    """The OpenAI-style error object of an ImmediateResponse, after checking its content type."""
+    sets = {o.header.key: o.header.raw_value.decode() for o in imm.headers.set_headers}
+    assert sets["content-type"] == "application/json"
+    parsed = orjson.loads(imm.body)
+    assert set(parsed) == {"error"}
+    err: dict[str, object] = parsed["error"]
+    assert err["code"] == imm.status.code and isinstance(err["message"], str) and isinstance(err["type"], str)
+    return err
+
+
 @pytest.mark.parametrize(("body", "status", "text"), [
-    (b'{"model": "m", "prompt": ', 400, b"inference error: BadRequest - request body is not valid JSON"),
-    (b'[1]', 400, b"inference error: BadRequest - request body must be a JSON object"),
-    (b'{"prompt": "x"}', 400, b"inference error: BadRequest - model not found in request body"),
+    (b'{"model": "m", "prompt": ', 400, "request body is not valid JSON"),
+    (b'[1]', 400, "request body must be a JSON object"),
+    (b'{"prompt": "x"}', 400, "model not found in request body"),
 ])
-async def test_bad_bodies_get_400(body: bytes, status: int, text: bytes) -> None:
+async def test_bad_bodies_get_400(body: bytes, status: int, text: str) -> None:
     app = make_app()
     out = await drive(app, [headers_msg(), *body_msgs(body)])
     assert len(out) == 1
     imm = out[0].immediate_response
-    assert imm.status.code == status and imm.body.startswith(text)
+    assert imm.status.code == status
+    err = error_body(imm)
+    assert str(err["message"]).startswith(text) and err["type"] == "BadRequestError"
     assert all(ep.inflight == 0 for ep in app.datastore.snapshot())
 
 
@@ -139,7 +152,7 @@ async def test_oversized_body_gets_413_and_is_not_buffered() -> None:
     assert len(out) == 1
     imm = out[0].immediate_response
     assert imm.status.code == 413
-    assert imm.body == b"inference error: PayloadTooLarge - request body exceeds 100000 bytes"
+    assert error_body(imm)["message"] == "request body exceeds 100000 bytes"
     ok = await drive(app, [headers_msg(), *body_msgs(completion("x" * 50_000))])
     assert ok[0].WhichOneof("response") == "request_headers"
 
@@ -148,7 +161,7 @@ async def test_no_endpoints_503() -> None:
     app = make_app(0)
     out = await drive(app, [headers_msg(), *body_msgs(completion())])
     assert out[0].immediate_response.status.code == 503
-    assert out[0].immediate_response.body.startswith(b"inference error: ServiceUnavailable - ")
+    assert error_body(out[0].immediate_response)["type"] == "ServiceUnavailableError"
     out = await drive(app, [headers_msg("/v1/models", eos=True)])
     assert out[0].immediate_response.status.code == 503
 
@@ -252,3 +265,135 @@ async def test_removed_endpoint_purged_from_index() -> None:
     assert app.index.held_by(dest) == 0
     for _ in range(5):
         assert destination((await drive(app, [headers_msg(), *body_msgs(prompt)]))[0]) != dest
+
+
+async def test_unexpected_exception_becomes_500_with_request_id_and_is_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    app = make_app()
+    secret = "TOP-SECRET-PROMPT"
+
+    def boom(*_a: object) -> None:
+        raise RuntimeError(f"scheduler exploded on {secret}")
+
+    app.director.scheduler.schedule = boom  # type: ignore[method-assign,assignment]
+    rid = ("x-request-id", "req-42")
+    with caplog.at_level("INFO", logger="prefix_epp.extproc"):
+        out = await drive(app, [headers_msg(extra=[rid]), *body_msgs(completion(secret))])
+    assert len(out) == 1
+    imm = out[0].immediate_response
+    assert imm.status.code == 500
+    err = error_body(imm)
+    assert err["type"] == "InternalServerError" and "req-42" in str(err["message"])
+    assert {o.header.key: o.header.raw_value for o in imm.headers.set_headers}["x-request-id"] == b"req-42"
+    errors = [r for r in caplog.records if r.getMessage() == "internal error"]
+    assert len(errors) == 1 and errors[0].request_id == "req-42"  # type: ignore[attr-defined]
+    assert errors[0].exception == "RuntimeError"  # type: ignore[attr-defined]
+    assert all(secret not in r.getMessage() and secret not in str(r.__dict__) for r in caplog.records)
+    assert app.metrics.registry.get_sample_value(
+        "prefix_epp_requests_total", {"outcome": "error", "status": "500"}) == 1
+    assert all(ep.inflight == 0 for ep in app.datastore.snapshot())
+
+
+async def test_fault_after_routing_releases_inflight() -> None:
+    app = make_app(1)
+
+    def boom(*_a: object) -> None:
+        raise ValueError("usage tracker broke")
+
+    app.director.track_usage = boom  # type: ignore[method-assign,assignment]
+    out = await drive(app, [headers_msg(), *body_msgs(completion())])
+    assert out[-1].immediate_response.status.code == 500
+    assert app.datastore.snapshot()[0].inflight == 0
+
+
+@pytest.mark.parametrize("header", ["test-epp-endpoint-selection", "x-gateway-inference-objective",
+                                    ":path", "x-request-id"])
+async def test_header_bytes_that_are_not_utf8_get_400(header: str) -> None:
+    app = make_app()
+    msg = headers_msg()
+    h = msg.request_headers.headers.headers.add()
+    h.key, h.raw_value = header, b"\xff\xfe bad"
+    out = await drive(app, [msg, *body_msgs(completion())])
+    assert len(out) == 1
+    imm = out[0].immediate_response
+    assert imm.status.code == 400
+    assert error_body(imm)["message"] == f"header {header} is not valid UTF-8"
+
+
+@pytest.mark.parametrize("mode_value", [mode.ProcessingMode.STREAMED, mode.ProcessingMode.BUFFERED_PARTIAL,
+                                        mode.ProcessingMode.NONE])
+async def test_unsupported_body_modes_refused_at_the_first_message(
+        mode_value: int, caplog: pytest.LogCaptureFixture) -> None:
+    app = make_app()
+    name = mode.ProcessingMode.BodySendMode.Name(mode_value)
+    with caplog.at_level("INFO", logger="prefix_epp.extproc"):
+        # Only the headers are sent: a picker waiting for a body (NONE never sends one) would hang here.
+        out = await drive(app, [headers_msg(body_mode=mode_value)])
+    assert len(out) == 1
+    imm = out[0].immediate_response
+    assert imm.status.code == 500
+    assert name in str(error_body(imm)["message"])
+    assert any(name in str(r.__dict__) for r in caplog.records)
+    # A bodiless request needs no body mode and is still routed.
+    out = await drive(app, [headers_msg("/v1/models", eos=True, body_mode=mode_value)])
+    assert out[0].WhichOneof("response") == "request_headers"
+
+
+def _with_length(msg: pb.ProcessingRequest, n: int) -> pb.ProcessingRequest:
+    h = msg.request_headers.headers.headers.add()
+    h.key, h.raw_value = "content-length", str(n).encode()
+    return msg
+
+
+async def test_global_buffered_bytes_budget_429_for_new_requests_only() -> None:
+    app = make_app(max_buffered_bytes=100_000)
+    body = completion("y" * 50_000)
+    held = StreamProcessor(app.director, app.metrics, False, app.body_budget)
+    queue: list[pb.ProcessingRequest] = [_with_length(headers_msg(), len(body)), *body_msgs(body, chunk=20_000)]
+    first_chunks = queue[:2]
+
+    async def slow() -> AsyncIterator[pb.ProcessingRequest]:
+        for m in first_chunks:
+            yield m
+        await gate.wait()
+        for m in queue[2:]:
+            yield m
+
+    import asyncio
+
+    gate = asyncio.Event()
+    collected: list[pb.ProcessingResponse] = []
+
+    async def consume() -> None:
+        collected.extend([r async for r in held.run(slow())])
+
+    task = asyncio.create_task(consume())
+    for _ in range(100):
+        if app.body_budget.used:
+            break
+        await asyncio.sleep(0)
+    assert app.body_budget.used == len(body)  # the declared length is reserved at the headers
+    # A second declared body that does not fit: 429 with Retry-After, at once.
+    out = await drive(app, [_with_length(headers_msg(), len(body)), *body_msgs(body)])
+    imm = out[0].immediate_response
+    assert imm.status.code == 429 and error_body(imm)["type"] == "RateLimitError"
+    assert {o.header.key: o.header.raw_value for o in imm.headers.set_headers}["retry-after"] == b"1"
+    # A chunked body without content-length is refused when its chunks stop fitting.
+    out = await drive(app, [headers_msg(), *body_msgs(body, chunk=20_000)])
+    assert out[-1].immediate_response.status.code == 429
+    assert app.body_budget.used == len(body)
+    gate.set()
+    await task
+    assert collected[0].WhichOneof("response") == "request_headers"  # the admitted one is untouched
+    assert b"".join(r.request_body.response.body_mutation.streamed_response.body for r in collected[1:]) == body
+    assert app.body_budget.used == 0
+    ok = await drive(app, [_with_length(headers_msg(), len(body)), *body_msgs(body)])
+    assert ok[0].WhichOneof("response") == "request_headers"
+    assert app.body_budget.used == 0
+
+
+async def test_declared_length_over_the_request_limit_is_413_before_the_body() -> None:
+    app = make_app(max_request_body_bytes=1000)
+    out = await drive(app, [_with_length(headers_msg(), 5000)])
+    assert out[0].immediate_response.status.code == 413
+    assert app.body_budget.used == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import pytest
@@ -46,6 +46,14 @@ def ttft(r: SimRequest) -> float:
 def expected_prefill_ttft(cfg: SimConfig, uncached: int) -> float:
     return (cfg.inter_token_latency + cfg.prefill_overhead + cfg.prefill_time_per_token * uncached) / 1000
 
+
+
+async def until(cond: Callable[[], bool], timeout: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
 
 async def test_ttft_follows_cost_model_and_grows_with_uncached_tokens() -> None:
     ttfts = []
@@ -132,13 +140,12 @@ async def test_abort_frees_blocks_and_leaves_queue() -> None:
         running, queued = SimRequest(prompt(64), 1000), SimRequest(prompt(64, 1), 4)
         eng.submit(running)
         eng.submit(queued)
-        await asyncio.sleep(0.05)
-        assert eng.cache.usage > 0 and list(eng.waiting) == [queued]
+        await until(lambda: eng.cache.usage > 0)
+        assert list(eng.waiting) == [queued]
         eng.abort(queued)
         assert not eng.waiting
         eng.abort(running)
-        await asyncio.sleep(0.05)
-        assert not eng.running and eng.cache.usage == 0.0
+        await until(lambda: not eng.running and eng.cache.usage == 0.0)
 
 
 async def test_generated_blocks_are_cached_for_the_next_turn() -> None:

@@ -64,7 +64,10 @@ async def test_subscriber_decodes_events_with_contiguous_sequence(encoding: str)
             sub.setsockopt(zmq.LINGER, 0)
             sub.connect(rep.publisher.endpoint)
             sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
-            await asyncio.sleep(0.2)  # let the subscription reach the publisher
+            deadline = asyncio.get_running_loop().time() + 15
+            while rep.publisher.subscriptions < 1:  # messages sent before the subscription are dropped
+                assert asyncio.get_running_loop().time() < deadline, "no subscriber"
+                await asyncio.sleep(0.01)
             messages = await asyncio.gather(collect(sub), drive(rep))
             msgs = messages[0]
             sub.close()

@@ -28,18 +28,48 @@ def envoy_binary() -> str:
 @contextlib.contextmanager
 def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_mode: str = "BUFFERED",
               response_processing: str = "end", name: str = "envoy",
-              endpoints: tuple[str, ...] = ()) -> Iterator[tuple[Proc, int, int]]:
-    """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections."""
+              endpoints: tuple[str, ...] = (), max_endpoints: int = 1, epp_ports: tuple[int, ...] = (),
+              health_interval: str = "", epp_requests_per_connection: int = 0,
+              concurrency: int = 1, failure_mode_allow: bool = False) -> Iterator[tuple[Proc, int, int]]:
+    """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections.
+
+    `epp_ports`: more pickers in the ext_proc cluster (Envoy spreads streams over the healthy
+    ones); `health_interval`: a shorter active health-check interval for that cluster;
+    `epp_requests_per_connection`: streams per connection to a picker (new connections spread
+    over the workers of a `--workers` pod, as the kernel balances connections, not streams).
+    """
     listen, admin = free_port(), free_port()
     cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
                        request_body_mode=request_body_mode, response_processing=response_processing,
-                       endpoints=endpoints)
+                       endpoints=endpoints, max_endpoints=max_endpoints, failure_mode_allow=failure_mode_allow)
+    epp = cfg["static_resources"]["clusters"][0]
+    for port in epp_ports:
+        epp["load_assignment"]["endpoints"][0]["lb_endpoints"].append(
+            {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}})
+    if epp_requests_per_connection:
+        opts = epp["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        opts["common_http_protocol_options"] = {"max_requests_per_connection": epp_requests_per_connection}
+    if health_interval:
+        epp["health_checks"][0].update(interval=health_interval, no_traffic_interval=health_interval,
+                                       timeout=health_interval)
     path = tmp / f"{name}.yaml"
     path.write_text(render(cfg))
-    args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning",
+    args = [envoy_binary(), "-c", str(path), "--concurrency", str(concurrency), "--log-level", "warning",
             "--base-id", str(listen)]
     with running(args, tmp / f"{name}.log", wait_port=listen) as proc:
         yield proc, listen, admin
+
+
+def epp_hosts_healthy(admin_port: int) -> dict[int, bool]:
+    """ext_proc cluster host port -> healthy, from the admin /clusters page."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/clusters", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    out: dict[int, bool] = {}
+    for line in lines:
+        parts = line.split("::")
+        if len(parts) >= 4 and parts[0] == "epp" and parts[2] == "health_flags":
+            out[int(parts[1].rpartition(":")[2])] = parts[3] == "healthy"
+    return out
 
 
 def envoy_stat(admin_port: int, name: str) -> int:

@@ -37,6 +37,7 @@ T = TypeVar("T")
 POOL_V1 = ("inference.networking.k8s.io", "v1", "inferencepools")
 POOL_LEGACY = ("inference.networking.x-k8s.io", "v1alpha2", "inferencepools")
 OBJECTIVES = ("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives")
+OBJECTIVES_LLMD = ("llm-d.ai", "v1alpha2", "inferenceobjectives")
 PODS = ("", "v1", "pods")
 
 
@@ -91,8 +92,11 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 
 class KubeApi:
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None,
+                 objectives: tuple[tuple[str, str, str], ...] = (OBJECTIVES,)) -> None:
+        """`objectives`: the InferenceObjective APIs this server has (none: the CRD is missing)."""
         self.port = port or free_port()
+        self.objective_apis = objectives
         self.emulator: CuttableEmulator | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kmock", daemon=True)
@@ -114,7 +118,7 @@ class KubeApi:
                 em = CuttableEmulator()
                 await em.__aenter__()
                 em.resources.load_bundled()
-                for group, version, plural in (POOL_V1, POOL_LEGACY, OBJECTIVES):
+                for group, version, plural in (POOL_V1, POOL_LEGACY, *self.objective_apis):
                     kind = "InferencePool" if plural == "inferencepools" else "InferenceObjective"
                     em.resources[f"{group}/{version}/{plural}"] = kmock.ResourceInfo(
                         kind=kind, singular=kind.lower(), namespaced=True,
@@ -125,6 +129,16 @@ class KubeApi:
 
         self._run(go())
         return self
+
+    def install_objective_api(self, api: tuple[str, str, str]) -> None:
+        """Register an InferenceObjective API while serving, as installing its CRD would."""
+        async def go() -> None:
+            assert self.emulator is not None
+            self.emulator.resources[f"{api[0]}/{api[1]}/{api[2]}"] = kmock.ResourceInfo(
+                kind="InferenceObjective", singular="inferenceobjective", namespaced=True,
+                verbs={"get", "list", "watch", "create", "update", "patch", "delete"})
+
+        self._run(go())
 
     def stop_server(self) -> None:
         """Stop serving (the stored objects survive; `start()` serves them again)."""
@@ -271,10 +285,11 @@ def ready_condition(ready: bool) -> dict[str, str]:
     return {"type": "Ready", "status": "True" if ready else "False"}
 
 
-def objective(name: str, pool: str, priority: int | None, namespace: str = "default") -> dict[str, Any]:
+def objective(name: str, pool: str, priority: int | None, namespace: str = "default",
+              api: tuple[str, str, str] = OBJECTIVES) -> dict[str, Any]:
     spec: dict[str, Any] = {"poolRef": {"group": "inference.networking.k8s.io", "kind": "InferencePool",
                                         "name": pool}}
     if priority is not None:
         spec["priority"] = priority
-    return {"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjective",
+    return {"apiVersion": f"{api[0]}/{api[1]}", "kind": "InferenceObjective",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}

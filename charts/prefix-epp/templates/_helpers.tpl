@@ -73,3 +73,26 @@ true
 {{- define "prefix-epp.configFile" -}}
 {{- printf "%s/config.yaml" (trimSuffix "/" .Values.config.mountPath) -}}
 {{- end -}}
+
+{{/* Supported Envoy Gateway releases (versions.env at the repository root; tests/deploy checks
+they agree): the oldest whose CRDs accept every object this chart renders, the oldest with
+BackendTLSPolicy v1 (verified TLS to the picker), and the newest tested. */}}
+{{- define "prefix-epp.egMinVersion" -}}v1.5.0{{- end -}}
+{{- define "prefix-epp.egVerifiedTLSMinVersion" -}}v1.6.0{{- end -}}
+{{- define "prefix-epp.egNewestTested" -}}v1.9.0{{- end -}}
+{{/* Inference Extension CRDs: InferencePool v1 with spec.appProtocol needs v1.4.0. */}}
+{{- define "prefix-epp.gieMinVersion" -}}v1.4.0{{- end -}}
+{{- define "prefix-epp.gieNewestTested" -}}v1.6.0{{- end -}}
+
+{{/* Fail rendering when envoyGateway.version is too old for what the values ask for. */}}
+{{- define "prefix-epp.checkEnvoyGatewayVersion" -}}
+{{- $v := .Values.envoyGateway.version -}}
+{{- $min := include "prefix-epp.egMinVersion" . -}}
+{{- if not (semverCompare (printf ">=%s" $min) $v) -}}
+{{- fail (printf "envoyGateway.version %s is not supported: the Envoy Gateway wiring needs %s or newer (FullDuplexStreamed ext_proc, endpointOverride, Backend tls.insecureSkipVerify); upgrade Envoy Gateway or set envoyGateway.enabled=false" $v $min) -}}
+{{- end -}}
+{{- $tlsMin := include "prefix-epp.egVerifiedTLSMinVersion" . -}}
+{{- if and .Values.tls.enabled .Values.envoyGateway.pickerTLS.caConfigMap (not .Values.envoyGateway.inferencePoolBackend) (not (semverCompare (printf ">=%s" $tlsMin) $v)) -}}
+{{- fail (printf "envoyGateway.pickerTLS.caConfigMap needs Envoy Gateway %s or newer (BackendTLSPolicy gateway.networking.k8s.io/v1); envoyGateway.version is %s. Upgrade Envoy Gateway, or leave caConfigMap empty (TLS without verification through an Envoy Gateway Backend)" $tlsMin $v) -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,40 @@
+"""A process-wide budget for buffered request-body bytes, shared by every ext_proc stream.
+
+The picker holds each request body until it is complete (it routes on the prompt), so memory
+grows with concurrent bodies, not with one. `--max-request-body-bytes` bounds one body;
+`--max-buffered-bytes` (default 512 MiB: a quarter of the chart's 2 GiB memory limit, leaving
+room for the prefix index, the transient copy of a body while it is parsed and gRPC's buffers)
+bounds them all together.
+
+A stream reserves its body before buffering it: the whole `content-length` when the request
+declares one (so an admitted request is never refused half-way), otherwise chunk by chunk as
+they arrive. A reservation that does not fit gets 429 with `Retry-After`; streams that already
+hold a reservation are untouched. The reservation is returned when the body has been handed
+back to Envoy or the stream ends, whichever comes first.
+
+Everything runs on the event loop, so the counter needs no lock.
+"""
+
+from __future__ import annotations
+
+RETRY_AFTER_S = 1  # bodies drain in milliseconds to seconds; a short back-off is enough
+
+
+class BodyBudget:
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("the buffered-bytes budget must be >= 1")
+        self.limit = limit
+        self.used = 0
+
+    def try_reserve(self, n: int) -> bool:
+        """Reserve n bytes; False (nothing reserved) when they do not fit."""
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def release(self, n: int) -> None:
+        self.used = max(0, self.used - n)

@@ -1,0 +1,68 @@
+"""The model route's traffic settings in the chart (BackendTrafficPolicy, HTTPRoute) equal the
+defaults `prefix-epp envoy-config` uses (extproc/config.py ProxyTrafficConfig): circuit breakers
+sized for LLM concurrency, retries that walk the fallback list only when the picker returns
+several endpoints, and a route timeout for long generations."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import yaml
+
+from extproc.config import ProxyTrafficConfig
+from tests.deploy.objects import CHART, Obj, find
+
+Render = Callable[[str], list[Obj]]
+T = ProxyTrafficConfig()
+
+
+def seconds(duration: str) -> float:
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+)(h|ms|m|s)", duration))
+
+
+def test_values_equal_the_proxy_defaults() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["envoyGateway"]
+    cb, retry = values["traffic"]["circuitBreaker"], values["traffic"]["retry"]
+    assert (cb["maxConnections"], cb["maxPendingRequests"], cb["maxParallelRequests"], cb["maxParallelRetries"]) == (
+        T.max_connections, T.max_pending_requests, T.max_parallel_requests, T.max_parallel_retries)
+    assert tuple(retry["triggers"]) == T.retry_on
+    assert tuple(retry["httpStatusCodes"]) == T.retriable_status_codes
+    assert seconds(retry["backoffBaseInterval"]) == T.retry_backoff_base_ms / 1000
+    assert seconds(values["route"]["requestTimeout"]) == T.route_timeout_s
+
+
+def test_circuit_breaker_on_the_model_route(render: Render) -> None:
+    spec = find(render("envoy-gateway"), "BackendTrafficPolicy")["spec"]
+    assert spec["circuitBreaker"] == {"maxConnections": T.max_connections,
+                                      "maxPendingRequests": T.max_pending_requests,
+                                      "maxParallelRequests": T.max_parallel_requests,
+                                      "maxParallelRetries": T.max_parallel_retries}
+    assert spec["circuitBreaker"]["maxParallelRequests"] > 1024  # Envoy's default
+
+
+def test_no_retry_with_a_single_endpoint(render: Render) -> None:
+    # Envoy Gateway adds no retry policy when the BackendTrafficPolicy has none.
+    assert "retry" not in find(render("envoy-gateway"), "BackendTrafficPolicy")["spec"]
+
+
+def test_retry_walks_the_fallbacks(render: Render) -> None:
+    retry = find(render("eg-fallbacks"), "BackendTrafficPolicy")["spec"]["retry"]
+    assert retry["numRetries"] == 2  # picker.maxEndpoints 3
+    assert tuple(retry["retryOn"]["triggers"]) == T.retry_on
+    assert not set(retry["retryOn"]["triggers"]) & {"reset", "5xx", "gateway-error"}
+    assert "timeout" not in retry["perRetry"]  # no per-try timeout that would cut a generation
+    assert seconds(retry["perRetry"]["backOff"]["baseInterval"]) == T.retry_backoff_base_ms / 1000
+
+
+def test_route_timeout_allows_long_generations(render: Render) -> None:
+    route = find(render("envoy-gateway"), "HTTPRoute")
+    assert seconds(route["spec"]["rules"][0]["timeouts"]["request"]) == T.route_timeout_s >= 600
+
+
+def test_served_endpoint_header_only_with_fallbacks(render: Render) -> None:
+    rule = find(render("eg-fallbacks"), "HTTPRoute")["spec"]["rules"][0]
+    assert rule["filters"] == [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {
+        "set": [{"name": "x-gateway-destination-endpoint-served", "value": "%UPSTREAM_HOST%"}]}}]
+    assert "filters" not in find(render("envoy-gateway"), "HTTPRoute")["spec"]["rules"][0]
