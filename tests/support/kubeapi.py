@@ -29,10 +29,8 @@ import contextlib
 import datetime
 import ipaddress
 import os
-import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -272,14 +270,3 @@ class RealKube:
             return rev
         finally:
             http.clear()
-
-
-@contextlib.contextmanager
-def real_kube(workdir: Path) -> Iterator[RealKube]:
-    kube = RealKube(workdir)
-    try:
-        yield kube.start()
-    finally:
-        kube.close()
-        if os.environ.get("PREFIX_EPP_KEEP_KUBE_DIR") is None:
-            shutil.rmtree(workdir / "etcd", ignore_errors=True)
