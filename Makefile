@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint typecheck unit image demo bench protos clean fuzz soak
+.PHONY: all test lint typecheck unit image demo bench protos peers clean fuzz soak
 
 all: test
 
@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 image:
 	bash scripts/build-image.sh
 
-test: $(STAMP) lint typecheck image
+test: $(STAMP) lint typecheck image peers
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 unit: $(STAMP)
@@ -52,6 +52,12 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# Go binaries (kube-apiserver + etcd for the API tests, the Go endpoint picker for the benchmark),
+# built from source once and cached outside the repository (bench/peers/README.md).
+peers:
+	bash bench/peers/build.sh kube >/dev/null
+	bash bench/peers/build.sh gie-epp >/dev/null
 
 protos: $(STAMP)
 	$(PY) protos/generate.py

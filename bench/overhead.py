@@ -17,6 +17,8 @@ Measured on this machine (2 cores shared by the client, Envoy, the picker and th
      and trailers, no response body;
    - `full-duplex` (the previous default, the Inference Extension's reference config): full-duplex
      request body, and every response chunk makes a round trip through the picker.
+   - `go-epp (GIE v1.5.0)`: the Go endpoint picker in its reference wiring (full-duplex request
+     and response bodies), when Go or its cached build is present (`add_go_epp_setup`).
    For each: requests/s, latency p50/p99 and the picker's CPU per request (utime + stime of the
    picker process over the run, divided by the successful requests). Only 200 answers count in
    the figures; failures are reported apart.
@@ -44,6 +46,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.peers import go_epp
 from extproc.config import EppConfig, KVEventsConfig
 from extproc.datastore import EndpointSpec
 from extproc.envoy_config import build_config, render
@@ -289,7 +292,50 @@ def start_setups(tmp: Path, stack: ExitStack, backends: list[str]) -> dict[str, 
             [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "error",
              "--base-id", str(listen)], tmp / f"envoy-{path.stem}.log", wait_port=listen))
         setups[name] = Setup(f"http://127.0.0.1:{listen}/v1/completions", picker, metrics if picker else 0)
+    add_go_epp_setup(tmp, stack, backends, setups)
     return setups
+
+
+GO_EPP_SETUP = "go-epp (GIE v1.5.0)"
+
+
+def add_go_epp_setup(tmp: Path, stack: ExitStack, backends: list[str],
+                     setups: dict[str, Setup]) -> None:
+    """The Go endpoint picker (bench/peers) behind its reference Envoy wiring, when it can run here.
+
+    Full-duplex request and response bodies (the only mode it supports), default scheduling
+    profile, its pool read from a real kube-apiserver. Compared on the same footing as the
+    prefix-epp rows: plaintext gRPC (`--secure-serving=false`) and metrics scraping effectively
+    off (`--refresh-metrics-interval 1h`; the trivial backends serve no metrics). Its CPU per
+    request is the Go picker process's alone (not the API server's).
+    """
+    why = go_epp.unavailable()
+    if why:
+        print(f"  {GO_EPP_SETUP}: not run ({why})", flush=True)
+        return
+    listen, admin = free_ports(2)
+    picker, grpc_port, _, _ = stack.enter_context(go_epp.go_epp(
+        tmp / "go-epp", backends, ("--secure-serving=false", "--refresh-metrics-interval", "1h")))
+    path = tmp / "go-epp.yaml"
+    path.write_text(render(go_epp.envoy_config(listen, grpc_port, admin, backends, tls=False)))
+    stack.enter_context(running([envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "error",
+                                 "--base-id", str(listen)], tmp / "envoy-go-epp.log", wait_port=listen))
+    url = f"http://127.0.0.1:{listen}/v1/completions"
+    deadline = time.monotonic() + 30
+    while not _answers(url):  # until its pods are in its datastore
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"go-epp routes nothing:\n{picker.log_text()[-2000:]}")
+        time.sleep(0.1)
+    setups[GO_EPP_SETUP] = Setup(url, picker)  # its /metrics has no prefix-epp message counts
+
+
+def _answers(url: str) -> bool:
+    req = urllib.request.Request(url, data=prompt_body(64, 0), headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
 
 
 def measure(setups: dict[str, Setup], size: int, tokens: int, conc: int,
@@ -323,10 +369,13 @@ def measure(setups: dict[str, Setup], size: int, tokens: int, conc: int,
                "rps": ok / t.elapsed_s, "p50_ms": percentile(t.latencies, 50) * 1e3,
                "p99_ms": percentile(t.latencies, 99) * 1e3, "ok": ok, "failed": t.failed,
                "picker_cpu_ms_per_request": t.cpu_s * 1e3 / max(1, ok) if picker else None,
-               "response_body_messages_per_request": body_messages[name] / max(1, ok + t.failed) if picker else None}
+               # Counted from prefix-epp's /metrics; the Go picker's has no such count.
+               "response_body_messages_per_request": (body_messages[name] / max(1, ok + t.failed)
+                                                      if setup.metrics_port else None)}
         rows.append(row)
-        cpu_text = (f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req, "
-                    f"{row['response_body_messages_per_request']:.1f} body msgs/req") if picker else ""
+        per = row["response_body_messages_per_request"]
+        cpu_text = (f"  picker CPU {row['picker_cpu_ms_per_request']:.2f} ms/req"
+                    + ("" if per is None else f", {per:.1f} body msgs/req")) if picker else ""
         load = f"{rate:4.0f}/s" if rate else f"c={conc:3d}"
         print(f"  {name:21s} {size // 1024:4d} KB {tokens:4d} tok {load}  {row['rps']:7.0f} rps  "
               f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  failed {t.failed}{cpu_text}",

@@ -14,6 +14,11 @@ then KILL). Setups, all in front of the same replicas:
   replicas' KV events (`host:port@tcp://events@tcp://replay` endpoints) and routes on them.
   Whenever the replicas publish events, plain `prefix-epp` also gets them, with `--kv-events`
   (it still routes approximately), so both setups report both scorers' closed-loop accuracy.
+- `go-epp`: the Go endpoint picker of the Gateway API Inference Extension v1.5.0 with its
+  default configuration, behind Envoy with the reference ext_proc modes (full-duplex request and
+  response bodies) and the same override_host cluster, reading its pool and pods from a real
+  kube-apiserver (`bench.peers.go_epp`). Available when Go is installed or the
+  binary is already cached (`go_epp_available`).
 - `sglang-router`: sglang-router 0.3.2, `--policy cache_aware` with its defaults, `--host
   127.0.0.1` and its own `--prometheus-port`. The simulator serves no /server_info or
   /model_info, so the router finds no model path and downloads no tokenizer (it logs "No
@@ -34,12 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.overhead import plain_envoy_config
+from bench.peers import go_epp
 from extproc.envoy_config import build_config, render
 from tests.support.envoy import envoy_binary
 from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 
 ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
-ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-precise", "sglang-router")
+ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-precise", "go-epp", "sglang-router")
 KV_EVENT_ROUTERS = frozenset({"prefix-epp", "prefix-epp-precise"})  # replicas publish KV events for these
 
 
@@ -158,6 +164,20 @@ def prefix_epp_router(tmp: Path, backends: Sequence[str], picker_args: Sequence[
 
 
 @contextlib.contextmanager
+def go_epp_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
+    listen, admin = free_ports(2)
+    with go_epp.go_epp(tmp, backends) as (picker, grpc_port, metrics_url, _kube):
+        config = go_epp.envoy_config(listen, grpc_port, admin, backends)
+        with _envoy(tmp, "envoy-go-epp", config, listen) as envoy:
+            yield Router("go-epp", f"http://127.0.0.1:{listen}", (picker, envoy), metrics_url)
+
+
+def go_epp_available() -> str:
+    """"" when the go-epp setup can run here, else why not (no Go toolchain and no cached binary)."""
+    return go_epp.unavailable()
+
+
+@contextlib.contextmanager
 def sglang_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
     port, prometheus = free_ports(2)
     args = python_module("sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
@@ -192,4 +212,6 @@ def start(name: str, tmp: Path, backends: Sequence[str], picker_args: Sequence[s
         return prefix_epp_router(tmp, backends, (*extra, *picker_args), name, endpoints)
     if name == "sglang-router":
         return sglang_router(tmp, backends)
+    if name == "go-epp":
+        return go_epp_router(tmp, backends)
     raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -43,13 +44,16 @@ from typing import Any
 from bench import client, plots
 from bench.metrics import Target, evaluate_targets, summarize
 from bench.oracle import OracleResult, workload_oracle
-from bench.routers import KV_EVENT_ROUTERS, ROUTERS, SimSettings, dead, sim_replicas, start
+from bench.peers.go_epp import build_info as go_epp_build_info
+from bench.routers import KV_EVENT_ROUTERS, ROUTERS, SimSettings, dead, go_epp_available, sim_replicas, start
 from bench.workloads import WORKLOADS, Workload, build, kv_cache_blocks
 
 DEFAULT_REPLICAS = 4
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_policy ROUND_ROBIN",
                 "least-request": "Envoy, lb_policy LEAST_REQUEST", "prefix-epp": "Envoy + the picker",
                 "prefix-epp-precise": "Envoy + the picker, --prefix-scorer precise",
+                "go-epp": "Envoy + the Go endpoint picker (GIE v1.5.0, defaults; real kube-apiserver)",
                 "sglang-router": "sglang-router cache_aware"}
 
 
@@ -89,6 +93,19 @@ def _cpu_busy() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
+def process_cpu_s(pids: Sequence[int]) -> float:
+    """User + system CPU seconds used so far by these processes (their threads included), from /proc."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+    return total
+
+
 class SetupDied(RuntimeError):
     """A process of the setup (replicas, Envoy, picker, router) stopped during the run."""
 
@@ -109,7 +126,10 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
             asyncio.run(client.probe(handle.url))
             say(f"[{router.label}] sending {workload.requests} requests over ~{workload.duration_s:.0f} s")
             busy0, total0 = _cpu_busy()
+            pids = [p.pid for p in handle.procs]
+            cpu0 = process_cpu_s(pids)
             result = asyncio.run(client.run(handle.url, workload, sim.time_scale))
+            cpu1 = process_cpu_s(pids)
             busy1, total1 = _cpu_busy()
             died = dead([pool.proc, *handle.procs])
             if died:
@@ -121,6 +141,9 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     say(f"[{router.label}] {len(result.requests)} requests done in {result.wall_s:.0f} s; everything stopped")
     summary = summarize(result.requests, result.wall_s, pool.addresses, picker_metrics)
     summary["cpu_busy"] = round((busy1 - busy0) / (total1 - total0), 3) if total1 > total0 else None
+    # The router's own processes (picker + Envoy, or the router), not the replicas or the API server.
+    summary["router_cpu_s"] = round(cpu1 - cpu0, 2)
+    summary["router_cpu_ms_per_request"] = round((cpu1 - cpu0) * 1000 / max(1, len(result.requests)), 3)
     return Outcome(summary, result)
 
 
@@ -144,13 +167,13 @@ def fmt(value: float, digits: int = 0) -> str:
 def results_table(summaries: dict[str, dict[str, dict[str, Any]]], oracle: dict[str, float]) -> str:
     lines = [
         "| workload | router | hit rate | of oracle | prefill work (s) | TTFT p50 | p90 | p99 | e2e p50 | p99 "
-        "| output tok/s | req/replica max / mean | errors | decision p50 / p99 (ms) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| output tok/s | req/replica max / mean | errors | decision p50 / p99 (ms) | router CPU ms/req |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workload, rows in summaries.items():
         bound = oracle.get(workload, 0.0)
         if bound:
-            lines.append(f"| {workload} | *oracle (infinite cache)* | {bound:.1%} | 100% | | | | | | | | | | |")
+            lines.append(f"| {workload} | *oracle (infinite cache)* | {bound:.1%} | 100% | | | | | | | | | | | |")
         for router, r in rows.items():
             of_oracle = f"{r['hit_rate'] / bound:.1%}" if bound else "-"
             decision = f"{r['decision_ms']['p50']:.2f} / {r['decision_ms']['p99']:.2f}" if "decision_ms" in r else ""
@@ -159,7 +182,7 @@ def results_table(summaries: dict[str, dict[str, dict[str, Any]]], oracle: dict[
                 f"| {workload} | {router} | {r['hit_rate']:.1%} | {of_oracle} | {fmt(r['prefill_work_s'])} "
                 f"| {fmt(t['p50'])} | {fmt(t['p90'])} | {fmt(t['p99'])} | {fmt(e['p50'])} | {fmt(e['p99'])} "
                 f"| {fmt(r['output_tokens_per_s'])} | {r['replica_max']} / {r['replica_mean']:.1f} | {r['errors']} "
-                f"| {decision} |")
+                f"| {decision} | {fmt(r.get('router_cpu_ms_per_request', float('nan')), 2)} |")
     return "\n".join(lines)
 
 
@@ -205,8 +228,10 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     }
     (out_dir / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = [f"Replicas: {config['replicas']} simulated vLLM replicas (time scale {config['time_scale']}); "
-          "times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage.", "",
-          results_table(summaries, rates), "", "Targets:", "", targets_table(targets), ""]
+          "times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage; router CPU = "
+          "user+system CPU of the router's processes (picker and Envoy) per request.", ""]
+    md += [f"Not run: {router}: {why}." for router, why in config.get("not_run", {}).items()]
+    md += ["", results_table(summaries, rates), "", "Targets:", "", targets_table(targets), ""]
     accuracy = accuracy_table(summaries)
     if accuracy:
         md += ["Closed-loop prediction of cached tokens (picker /metrics at the end of each run; the router "
@@ -226,6 +251,14 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
                               "workloads": {}}
     candidates = [r.label for r in routers if r.name in KV_EVENT_ROUTERS]
+    if any(r.name == "go-epp" for r in routers):
+        why = go_epp_available()
+        if why:  # `make bench` on a machine without Go: the table says go-epp was not run, and why
+            config["not_run"] = {"go-epp": why}
+            routers = [r for r in routers if r.name != "go-epp"]
+            log(f"go-epp not run: {why}")
+        else:
+            config["go_epp_build"] = go_epp_build_info()
     raw_dir = out_dir / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
     total, done, began = len(workloads) * len(routers), 0, time.monotonic()

@@ -6,7 +6,7 @@ A JSON body with `"stream": true` gets a server-sent-events answer instead: five
 50 ms apart, then `data: [DONE]`, so tests can see chunks arrive before the stream ends.
 An optional `--delay S` holds each response, so concurrent requests overlap; `--trivial` answers
 a fixed tiny JSON without reading headers or hashing (for overhead benchmarks); a `--trivial`
-backend streams when the body's first 256 bytes say `"stream": true`: `max_tokens` (from the same
+backend streams when the body's first or last 256 bytes say `"stream": true`: `max_tokens` (from the same
 bytes, default 1) SSE chunks, `"interval_ms"` apart (back to back without it, which lets Envoy
 coalesce them), then `data: [DONE]`.
 """
@@ -48,7 +48,9 @@ def make_app(name: str, delay: float, trivial: bool = False) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if trivial:
-            head = body[:256]
+            # The request's first 256 bytes, and its last 256: a picker that re-serialises the body
+            # (the Go endpoint picker sorts the keys) moves "stream" behind the prompt.
+            head = body[:256] + body[-256:]
             if b'"stream": true' in head or b'"stream":true' in head:
                 return await _trivial_stream(request, head, name)
             return web.Response(body=tiny, content_type="application/json", headers={"x-served-by": name})
