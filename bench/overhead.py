@@ -175,6 +175,21 @@ class Tally:
     cpu_s: float = 0.0
 
 
+async def send(session: aiohttp.ClientSession, url: str, body: bytes, tally: Tally) -> None:
+    """One request; its latency joins `tally` if the answer is a 200, else it counts as failed."""
+    start = time.perf_counter()
+    try:
+        async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+            await resp.read()
+            ok = resp.status == 200
+    except aiohttp.ClientError:
+        ok = False
+    if ok:
+        tally.latencies.append(time.perf_counter() - start)
+    else:
+        tally.failed += 1
+
+
 async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: int, tally: Tally,
                       pid: int | None = None, warm_up: int = 0) -> None:
     """`total` requests from `concurrency` workers into `tally`; only 200 answers count as latencies.
@@ -189,18 +204,7 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: in
             while issued < total:
                 i = issued
                 issued += 1
-                start = time.perf_counter()
-                try:
-                    async with session.post(url, data=bodies[i % len(bodies)],
-                                            headers={"content-type": "application/json"}) as resp:
-                        await resp.read()
-                        ok = resp.status == 200
-                except aiohttp.ClientError:
-                    ok = False
-                if ok:
-                    tally.latencies.append(time.perf_counter() - start)
-                else:
-                    tally.failed += 1
+                await send(session, url, bodies[i % len(bodies)], tally)
 
         for _ in range(warm_up):  # connections, the picker's index
             async with session.post(url, data=bodies[0], headers={"content-type": "application/json"}) as r:
@@ -222,19 +226,6 @@ async def open_loop(url: str, bodies: list[bytes], rate: float, total: int, tall
     """
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as session:
-        async def one(body: bytes) -> None:
-            start = time.perf_counter()
-            try:
-                async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
-                    await resp.read()
-                    ok = resp.status == 200
-            except aiohttp.ClientError:
-                ok = False
-            if ok:
-                tally.latencies.append(time.perf_counter() - start)
-            else:
-                tally.failed += 1
-
         loop = asyncio.get_running_loop()
         cpu_before = cpu_seconds(pid) if pid else 0.0
         start = loop.time()
@@ -243,7 +234,7 @@ async def open_loop(url: str, bodies: list[bytes], rate: float, total: int, tall
             delay = start + i / rate - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(bodies[i % len(bodies)])))
+            tasks.append(asyncio.create_task(send(session, url, bodies[i % len(bodies)], tally)))
         await asyncio.gather(*tasks)
         tally.elapsed_s += loop.time() - start
         tally.cpu_s += cpu_seconds(pid) - cpu_before if pid else 0.0

@@ -182,17 +182,7 @@ class PrefixIndex:
             return
         lru = self._lru[endpoint]
         clear = ~(1 << slot)
-        holders = self._holders
-        before = len(lru)
-        for h in hashes:
-            if h in lru:
-                del lru[h]
-                mask = holders[h] & clear
-                if mask:
-                    holders[h] = mask
-                else:
-                    del holders[h]
-        self._entries -= before - len(lru)
+        self._drop(lru, clear, list(dict.fromkeys(h for h in hashes if h in lru)))
 
     def _evict(self, endpoint: str, slot: int, capacity: int) -> None:
         lru = self._lru[endpoint]
@@ -200,20 +190,24 @@ class PrefixIndex:
         if excess <= 0:
             return
         clear = ~(1 << slot)
-        holders = self._holders
         victims: list[int] = []
         for h in lru:
             if len(victims) >= excess:
                 break
             victims.append(h)
-        for h in victims:
+        self._drop(lru, clear, victims)
+
+    def _drop(self, lru: dict[int, None], clear: int, hashes: list[int]) -> None:
+        """Remove `hashes` (all held in `lru`) from one endpoint: its LRU and its bit (`~clear`) per hash."""
+        holders = self._holders
+        for h in hashes:
             del lru[h]
             mask = holders[h] & clear
             if mask:
                 holders[h] = mask
             else:
                 del holders[h]
-        self._entries -= len(victims)
+        self._entries -= len(hashes)
 
     # -- introspection ---------------------------------------------------------------------
     @property
