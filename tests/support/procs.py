@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,21 +21,49 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 
+def _server_port_range() -> tuple[int, int]:
+    """Ports below the kernel's ephemeral range: no outgoing connection ever takes one as its
+    local port between our check and the server's bind (a port the kernel handed out as free,
+    from that range, can be taken by any client's connect meanwhile)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return (10000, low - 1) if low > 12000 else (low - 2000, low - 1)
+
+
+_PORTS = random.Random()
+
+
+def _bind_free(socks: list[socket.socket]) -> None:
+    low, high = _server_port_range()
+    taken = {s.getsockname()[1] for s in socks}
+    for _ in range(1000):
+        port = _PORTS.randint(low, high)
+        if port in taken:
+            continue
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        socks.append(s)
+        return
+    raise RuntimeError(f"no free port in {low}-{high}")
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that was free a moment ago (see _server_port_range)."""
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
     """Return n distinct free ports (held open together so they cannot collide)."""
-    socks = []
+    socks: list[socket.socket] = []
     try:
         for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
+            _bind_free(socks)
         return [int(s.getsockname()[1]) for s in socks]
     finally:
         for s in socks:
