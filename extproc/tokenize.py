@@ -118,17 +118,28 @@ class LocalTokenizer:
 
     def encode(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
         """Token ids of the prompt (its first `max_tokens` when > 0), None when not tokenizable."""
+        source = self._source(parsed, max_tokens)
+        if not isinstance(source, tuple):
+            return source
         try:
-            chat = _chat_input(parsed)
-            if chat is not None:
-                return self._encode_prefix(self.render(*chat), True, max_tokens)
-            prompt = _completion_input(parsed)
-            if isinstance(prompt, str):
-                return self._encode_prefix(prompt, False, max_tokens)
-            return prompt[:max_tokens] if prompt is not None and max_tokens > 0 else prompt
+            return self._encode_prefix(*source, max_tokens)
         except (ValueError, TypeError) as exc:
             log.debug("tokenization failed", extra={"error": type(exc).__name__})
             return None
+
+    def _source(self, parsed: ParsedRequest, max_tokens: int) -> tuple[str, bool] | list[int] | None:
+        """What to encode: (text, is chat), or the ids a completion already gives, or None."""
+        try:
+            chat = _chat_input(parsed)
+            if chat is not None:
+                return self.render(*chat), True
+            prompt = _completion_input(parsed)
+        except (ValueError, TypeError) as exc:
+            log.debug("tokenization failed", extra={"error": type(exc).__name__})
+            return None
+        if isinstance(prompt, str):
+            return prompt, False
+        return prompt[:max_tokens] if prompt is not None and max_tokens > 0 else prompt
 
     def _encode_prefix(self, text: str, chat: bool, max_tokens: int) -> list[int]:
         for chars in PREFIX_CHARS_PER_TOKEN if max_tokens > 0 else ():
@@ -178,18 +189,10 @@ class BuiltinTokenizer(LocalTokenizer):
         return out
 
     async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
-        try:
-            chat = _chat_input(parsed)
-            if chat is not None:
-                text = self.render(*chat)
-            else:
-                prompt = _completion_input(parsed)
-                if not isinstance(prompt, str):
-                    return prompt[:max_tokens] if prompt is not None and max_tokens > 0 else prompt
-                text = prompt
-        except (ValueError, TypeError) as exc:
-            log.debug("tokenization failed", extra={"error": type(exc).__name__})
-            return None
+        source = self._source(parsed, max_tokens)
+        if not isinstance(source, tuple):
+            return source
+        text = source[0]
         out: list[int] = []
         for start, end in chunk_bounds(text):
             misses = self.chunks_encoded
