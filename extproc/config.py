@@ -47,6 +47,33 @@ class WeightsConfig:
     unlisted: float = 1.0  # a scorer named in an EndpointPickerConfig profile without a weight
 
 
+SCHEDULERS = ("predicted-ttft", "weighted")  # built-in profiles (extproc/scheduling/build.py)
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    """Predicted-TTFT scheduling (extproc/scheduling/latency.py): priors the engines' metrics refine.
+
+    The priors describe Llama-3-8B (bf16) under vLLM on one H100, as the simulator does
+    (extproc/sim/engine.py); each endpoint's `slowdown` is then learned from its TTFT histogram,
+    so a slower GPU or a bigger model is measured, not configured.
+    """
+
+    prefill_ms_per_token: float = 0.06  # ~16.7k prompt tokens/s
+    overhead_ms: float = 10.0  # one engine step and first-token sampling, paid by every request
+    decode_ms_per_seq: float = 0.15  # what each running sequence adds to every engine step
+    step_tokens: int = 8192  # vLLM max_num_batched_tokens: prefill tokens per engine step
+    # Copying a prefix onto a replica whose cache is full evicts as many tokens of other prefixes;
+    # they are charged at this share of their prefill time (0: capacity is ignored).
+    eviction_weight: float = 1.0
+    # A replica that served the request's affinity key (prompt_cache_key, session header) wins
+    # when its prediction is within this share of the best.
+    affinity_tolerance: float = 0.1
+    calibrate: bool = True  # learn each endpoint's slowdown from vllm:time_to_first_token_seconds
+    min_slowdown: float = 0.25
+    max_slowdown: float = 8.0
+
+
 @dataclass(frozen=True)
 class SaturationConfig:
     """utilization-detector (Go EPP defaults): sheddable requests get 429 while the pool is saturated."""
@@ -186,6 +213,10 @@ class EppConfig:
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
     spill: SpillConfig = field(default_factory=SpillConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
+    # Built-in profile when no EndpointPickerConfig gives one (extproc/scheduling/build.py):
+    # predicted-ttft (least predicted time to first token) or weighted (the Go EPP's weighted sum).
+    scheduler: str = "predicted-ttft"
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
     metrics_source: MetricsSourceConfig = field(default_factory=MetricsSourceConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)

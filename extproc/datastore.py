@@ -70,6 +70,10 @@ class ModelServerMetrics:
     waiting_loras: frozenset[str] = frozenset()
     max_lora: int = 0
     model_names: frozenset[str] = frozenset()  # model_name labels of the engine's own series
+    # Cumulative counters for the latency model (extproc/scheduling/latency.py); -1: not exported.
+    ttft_sum_s: float = 0.0  # vllm:time_to_first_token_seconds_sum
+    ttft_count: float = -1.0  # vllm:time_to_first_token_seconds_count
+    prompt_tokens: float = -1.0  # vllm:prompt_tokens_total
     updated_at: float = 0.0  # time.monotonic() of the last successful scrape
     ok: bool = False  # False after a failed scrape
 

@@ -131,9 +131,13 @@ class Director:
             block_hashes=block_hashes(parsed.segments, parsed.model, parsed.cache_salt,
                                       pcfg.block_size_bytes, pcfg.max_prefix_blocks),
             priority=self.priority_of(ctx.objective) if ctx.objective else 0,
+            prompt_bytes=sum(map(len, parsed.segments)),
         )
         if self.precise is not None:
             request.token_keys = self._token_keys(ctx, parsed)
+            tokens = len(ctx.tokens or ())
+            # Tokenization stops at the precise index's reach: a longer prompt is estimated from its bytes.
+            request.prompt_tokens = tokens if tokens < self.precise.max_tokens else 0
         if self.admission is not None:
             self.admission(request, candidates)
         decision = self.scheduler.schedule(request, candidates)
@@ -189,7 +193,7 @@ class Director:
         assert self.precise is not None
         tokens = ctx.tokens
         if tokens is None and self.tokenizer is not None and not self.tokenizer.is_async:
-            tokens = self.tokenizer.encode(parsed, self.precise.max_tokens)
+            tokens = ctx.tokens = self.tokenizer.encode(parsed, self.precise.max_tokens)
         if not tokens:
             return None
         return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)

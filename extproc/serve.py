@@ -14,9 +14,11 @@ from typing import Any
 
 from extproc import logs
 from extproc.config import (
+    SCHEDULERS,
     DrainConfig,
     EppConfig,
     KVEventsConfig,
+    LatencyConfig,
     PrefixConfig,
     SpillConfig,
     SyncConfig,
@@ -30,6 +32,7 @@ _W = WeightsConfig()
 _K = KVEventsConfig()
 _Y = SyncConfig()
 _DR = DrainConfig()
+_L = LatencyConfig()
 
 
 def parse_bool(value: str | bool) -> bool:
@@ -92,6 +95,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="blocks of a prompt considered at most")
     g.add_argument("--prefix-lru-capacity", type=int, default=_P.lru_capacity_per_server,
                    help="prefix index capacity per endpoint, in blocks")
+    g.add_argument("--scheduler", choices=SCHEDULERS, default=_D.scheduler,
+                   help="built-in profile: least predicted time to first token, or the weighted sum of "
+                        "prefix, queue, KV-cache and in-flight scorers behind the hot-spot spill filter")
+    g.add_argument("--prefill-ms-per-token", type=float, default=_L.prefill_ms_per_token,
+                   help="predicted-ttft prior: prefill milliseconds per prompt token (learned per endpoint "
+                        "from its TTFT histogram)")
+    g.add_argument("--eviction-weight", type=float, default=_L.eviction_weight,
+                   help="predicted-ttft: share of the prefill time charged for each token of other prefixes a "
+                        "copy evicts from a full cache (0: ignore capacity)")
+    g.add_argument("--affinity-tolerance", type=float, default=_L.affinity_tolerance,
+                   help="predicted-ttft: an endpoint that served the request's affinity key wins when within "
+                        "this share of the best prediction")
+    _bool_flag(g, "--ttft-calibration", _L.calibrate,
+               "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram")
     g.add_argument("--spill-relative", type=float, default=_S.relative,
                    help="hot-spot guard: skip endpoints with load > R * min load + A")
     g.add_argument("--spill-absolute", type=float, default=_S.absolute, help="the A of --spill-relative")
@@ -138,6 +155,9 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
                        lru_capacity_per_server=args.prefix_lru_capacity),
         spill=replace(_S, relative=args.spill_relative, absolute=args.spill_absolute),
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
+        scheduler=args.scheduler,
+        latency=replace(_L, prefill_ms_per_token=args.prefill_ms_per_token, eviction_weight=args.eviction_weight,
+                        affinity_tolerance=args.affinity_tolerance, calibrate=args.ttft_calibration),
         seed=args.seed,
         model_names=tuple(n.strip() for n in args.model_names.split(",") if n.strip()),
         kv_events=_kv_events_from_args(args),

@@ -63,6 +63,9 @@ RULES = (
     Rule("--spill-absolute", "spill.absolute", 0),
     Rule("--prefix-weight", "weights.prefix", 0),
     Rule("--inflight-weight", "weights.inflight", 0),
+    Rule("--prefill-ms-per-token", "latency.prefill_ms_per_token", 0, lo_open=True),
+    Rule("--eviction-weight", "latency.eviction_weight", 0),
+    Rule("--affinity-tolerance", "latency.affinity_tolerance", 0),
     Rule("--kv-events-port", "kv_events.port", 1, 65535),
     Rule("--kv-events-replay-port", "kv_events.replay_port", 0, 65535),
     Rule("--kv-events-dp-size", "kv_events.dp_size", 1),
@@ -84,10 +87,11 @@ RULES = (
 # Flags with a plugin parameter of the same meaning (the file wins).
 PARAMETER_FLAGS = ("--prefix-block-size", "--prefix-max-blocks", "--prefix-lru-capacity", "--spill-relative",
                    "--spill-absolute", "--max-endpoints", "--kv-events-block-size", "--kv-events-max-blocks",
-                   "--kv-events-index-capacity", "--kv-events-speculative-ttl")
+                   "--kv-events-index-capacity", "--kv-events-speculative-ttl", "--prefill-ms-per-token",
+                   "--eviction-weight", "--affinity-tolerance")
 # Flags that only shape the built-in profile.
 PROFILE_FLAGS = (("--prefix-weight", "weights.prefix"), ("--inflight-weight", "weights.inflight"),
-                 ("--prefix-scorer", "kv_events.prefix_scorer"))
+                 ("--prefix-scorer", "kv_events.prefix_scorer"), ("--scheduler", "scheduler"))
 
 _BY_FLAG = {r.flag: r for r in RULES}
 

@@ -15,6 +15,8 @@ which only looks at the lines of these families:
 | block_size, num_gpu_blocks | vllm:cache_config_info labels | the first |
 | running/waiting_loras, max_lora | vllm:lora_requests_info labels | the newest (highest value) |
 | model_names | `model_name` labels of vllm:num_requests_running | all |
+| ttft_sum_s, ttft_count | vllm:time_to_first_token_seconds_sum / _count | summed |
+| prompt_tokens | vllm:prompt_tokens_total | summed |
 
 Model names and LoRA adapters seen are handed to `on_models` (extproc/metrics/labels.py: the
 model names that keep their own metric label).
@@ -59,6 +61,9 @@ KV_USAGE = b"vllm:kv_cache_usage_perc"
 KV_USAGE_V0 = b"vllm:gpu_cache_usage_perc"
 CACHE_CONFIG = b"vllm:cache_config_info"
 LORA_INFO = b"vllm:lora_requests_info"
+TTFT_SUM = b"vllm:time_to_first_token_seconds_sum"
+TTFT_COUNT = b"vllm:time_to_first_token_seconds_count"
+PROMPT_TOKENS = b"vllm:prompt_tokens_total"
 
 
 class ScrapeError(Exception):
@@ -94,6 +99,13 @@ def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
     if cache:
         m.block_size = _int_label(cache[0][0], "block_size")
         m.num_gpu_blocks = _int_label(cache[0][0], "num_gpu_blocks")
+    ttft_count = samples(body, TTFT_COUNT, want_labels=False)
+    if ttft_count:
+        m.ttft_count = sum(v for _, v in ttft_count)
+        m.ttft_sum_s = sum(v for _, v in samples(body, TTFT_SUM, want_labels=False))
+    prompt_tokens = samples(body, PROMPT_TOKENS, want_labels=False)
+    if prompt_tokens:
+        m.prompt_tokens = sum(v for _, v in prompt_tokens)
     lora = samples(body, LORA_INFO)
     if lora:
         labels, _ = max(lora, key=lambda s: s[1])

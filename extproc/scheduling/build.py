@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from extproc.config import EppConfig
+from extproc.config import SCHEDULERS, EppConfig
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.filters.spill import SpillFilter
 from extproc.scheduling.interfaces import Filter, Picker, PreciseSource, Scorer
@@ -49,6 +49,7 @@ from extproc.scheduling.scorers.inflight import InflightLoadScorer
 from extproc.scheduling.scorers.kv_cache import KvCacheScorer
 from extproc.scheduling.scorers.lora import LoraAffinityScorer
 from extproc.scheduling.scorers.precise_prefix import PrecisePrefixScorer
+from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from extproc.scheduling.scorers.prefix import PrefixScorer
 from extproc.scheduling.scorers.queue import QueueScorer
 
@@ -76,6 +77,7 @@ SCORERS: dict[str, Callable[[EppConfig, Clock], Scorer]] = {
     "kv-cache-utilization-scorer": lambda c, clock: KvCacheScorer(c.metrics_staleness_threshold_s, clock),
     "lora-affinity-scorer": lambda c, clock: LoraAffinityScorer(c.metrics_staleness_threshold_s, clock),
     "inflight-load-scorer": lambda _c, _clock: InflightLoadScorer(),
+    "predicted-ttft-scorer": lambda c, clock: PredictedTtftScorer(c, clock),
 }
 PICKERS: dict[str, Callable[[EppConfig, Clock], Picker]] = {
     "max-score-picker": lambda c, _clock: MaxScorePicker(random.Random(c.seed)),
@@ -83,6 +85,11 @@ PICKERS: dict[str, Callable[[EppConfig, Clock], Picker]] = {
 
 
 def default_profile(config: EppConfig) -> Profile:
+    """The built-in profile `--scheduler` names (EppConfig.scheduler)."""
+    if config.scheduler == "predicted-ttft":
+        return Profile(name="default", filters=(), scorers=(("predicted-ttft-scorer", 1.0),))
+    if config.scheduler != "weighted":
+        raise ValueError(f"unknown scheduler {config.scheduler!r}; choose from {', '.join(SCHEDULERS)}")
     w = config.weights
     # --prefix-scorer precise: precise-prefix-cache-scorer takes prefix-cache-scorer's place and weight.
     prefix = "precise-prefix-cache-scorer" if config.kv_events.prefix_scorer == "precise" else "prefix-cache-scorer"
@@ -97,9 +104,13 @@ def default_profile(config: EppConfig) -> Profile:
 def build_scheduler(config: EppConfig, index: PrefixIndex, profile: Profile | None = None,
                     clock: Clock = time.monotonic, precise: PreciseSource | None = None) -> Scheduler:
     p = profile or default_profile(config)
+    scorers = [WeightedScorer(SCORERS[t](config, clock), w) for t, w in p.scorers]
+    for ws in scorers:
+        if isinstance(ws.scorer, PredictedTtftScorer):
+            ws.scorer.bind_index(index)  # fullness of each endpoint's cache
     return Scheduler(
         filters=[FILTERS[t](config, clock) for t in p.filters],
-        scorers=[WeightedScorer(SCORERS[t](config, clock), w) for t, w in p.scorers],
+        scorers=scorers,
         picker=PICKERS[p.picker](config, clock),
         index=index,
         max_endpoints=config.max_endpoints,

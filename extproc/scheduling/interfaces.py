@@ -9,13 +9,15 @@
 endpoint) explicitly before scorers run, so no scorer silently produces data for another. With KV
 events on, the director adds `token_keys` (our keys of the prompt's token blocks) and the scheduler
 fills `precise_match` and `precise_usable` from the `PreciseSource` (extproc/kvevents/manager.py).
+Scorers that keep state about where requests went (predicted-ttft-scorer's backlogs) are
+`PickObserver`s: the scheduler tells them the pick, and a fallback's move.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from extproc.datastore import Endpoint
 
@@ -30,6 +32,11 @@ class SchedulingRequest:
     token_keys: list[int] | None = None  # None: no precise lookup for this request
     precise_match: dict[str, int] = field(default_factory=dict)
     precise_usable: frozenset[str] = frozenset()  # endpoints whose KV events are trustworthy now
+    prompt_bytes: int = 0  # the prompt's bytes (its segments), for token estimates
+    prompt_tokens: int = 0  # exact prompt tokens when the request was tokenized, else 0
+    affinity_match: frozenset[str] = frozenset()  # endpoints that recorded the request's affinity key
+    # Filled by predicted-ttft-scorer: per candidate key, (predicted TTFT ms, uncached tokens).
+    predictions: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def total_blocks(self) -> int:
@@ -54,6 +61,15 @@ class Scorer(Protocol):
     name: str
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]: ...
+
+
+@runtime_checkable
+class PickObserver(Protocol):
+    """A stateful plugin told where the request went (after the pick, and after a fallback move)."""
+
+    def picked(self, request: SchedulingRequest, chosen: Endpoint) -> None: ...
+
+    def moved(self, request: SchedulingRequest, primary: Endpoint, served: Endpoint) -> None: ...
 
 
 class Picker(Protocol):

@@ -7,11 +7,14 @@
 4. The picker returns up to `max_endpoints` endpoints, best first.
 5. The request's block hashes are recorded in the index for the first pick (decision time), so
    later requests with the same prefix find it there; its token keys become speculative entries
-   of the precise index. When the proxy reports that a fallback served the request instead
-   (`reassign`), the approximate record moves there (speculative precise entries expire).
+   of the precise index; stateful scorers (`PickObserver`: predicted-ttft-scorer's backlogs) are
+   told the pick. When the proxy reports that a fallback served the request instead
+   (`reassign`), the approximate record and the observers' state move there (speculative
+   precise entries expire).
 
-`Decision` keeps each scorer's score of the chosen endpoint and the matched blocks, which the
-optional explanation header reports.
+`Decision` keeps each scorer's score of the chosen endpoint, the matched blocks and, with
+predicted-ttft-scorer, every candidate's predicted TTFT, which the optional explanation header
+reports.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from extproc.datastore import Endpoint
 from extproc.errors import EppError, ErrorCode
 from extproc.prefix.index import PrefixIndex
-from extproc.scheduling.interfaces import Filter, Picker, PreciseSource, SchedulingRequest, Scorer
+from extproc.scheduling.interfaces import Filter, Picker, PickObserver, PreciseSource, SchedulingRequest, Scorer
 
 
 @dataclass(slots=True)
@@ -36,6 +39,15 @@ class Decision:
     precise_total: int = 0
     precise_usable: bool = False  # the chosen endpoint's KV events were usable
     block_hashes: Sequence[int] = ()  # recorded in the index for the primary endpoint
+    request: SchedulingRequest | None = None  # for the observers when a fallback serves it
+
+    @property
+    def predicted_ms(self) -> float | None:
+        """predicted-ttft-scorer's prediction for the primary endpoint, if it ran."""
+        if self.request is None:
+            return None
+        p = self.request.predictions.get(self.primary.key)
+        return p[0] if p is not None else None
 
     @property
     def primary(self) -> Endpoint:
@@ -52,6 +64,9 @@ class Decision:
             parts.append(f"precise={self.precise_matched}/{self.precise_total}{usable}")
         parts.extend(f"{name}={score:.3f}" for name, score in self.scores)
         parts.append(f"total={self.total:.3f}")
+        if self.request is not None and self.request.predictions:
+            ranked = sorted(self.request.predictions.items(), key=lambda kv: kv[1][0])
+            parts.append("predicted_ttft_ms=" + ",".join(f"{k}:{p[0]:.1f}" for k, p in ranked))
         return "; ".join(parts)
 
 
@@ -77,6 +92,7 @@ class Scheduler:
         self.index = index
         self.max_endpoints = max_endpoints
         self.precise = precise
+        self.observers = [ws.scorer for ws in self.scorers if isinstance(ws.scorer, PickObserver)]
 
     def schedule(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> Decision:
         endpoints: Sequence[Endpoint] = candidates
@@ -108,6 +124,8 @@ class Scheduler:
             self.index.record(chosen.key, request.block_hashes)
         if precise is not None:
             precise.record(chosen.key, token_keys)
+        for observer in self.observers:
+            observer.picked(request, chosen)
         return Decision(
             endpoints=picked,
             matched_blocks=request.prefix_match.get(chosen.key, 0),
@@ -118,12 +136,16 @@ class Scheduler:
             precise_total=len(token_keys),
             precise_usable=chosen.key in request.precise_usable,
             block_hashes=request.block_hashes if self.index is not None else (),
+            request=request if self.observers else None,
         )
 
     def reassign(self, decision: Decision, served: Endpoint) -> None:
         """Another endpoint of the decision's list served the request (a fallback after the
         first choice failed): move the index record from the primary to it. Only the blocks the
         primary did not already hold (beyond its matched prefix) are forgotten there."""
+        if decision.request is not None:
+            for observer in self.observers:
+                observer.moved(decision.request, decision.primary, served)
         if self.index is None or not decision.block_hashes:
             return
         self.index.forget(decision.primary.key, decision.block_hashes[decision.matched_blocks:])

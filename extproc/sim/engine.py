@@ -2,10 +2,14 @@
 
 One asyncio task per replica runs engine *steps*, like vLLM V1's scheduler loop:
 
-1. Admit waiting requests in FIFO order while fewer than `max_num_seqs` run. A request whose
-   LoRA adapter would exceed `max_loras` distinct running adapters is skipped (and keeps its
-   place); a request the KV cache cannot hold stops admission (head-of-line, as vLLM).
-   Admission fixes the request's cached tokens (`KVCache.allocate`).
+1. Admit waiting requests in FIFO order while fewer than `max_num_seqs` run and the step's
+   token budget (`max_num_batched_tokens`, less one token per decoding request and the prefill
+   still owed by running requests) is not used up, as vLLM V1 schedules running requests first
+   and then waiting ones while budget remains. A request whose LoRA adapter would exceed
+   `max_loras` distinct running adapters is skipped (and keeps its place); a request the KV cache
+   cannot hold stops admission (head-of-line, as vLLM). Admission fixes the request's cached
+   tokens (`KVCache.allocate`): a request admitted while another one still prefills the same
+   prefix misses it, one admitted after that prefill completed hits it, as on vLLM.
 2. Plan a step: every running request past prefill decodes one token; the remaining token budget
    (`max_num_batched_tokens`) goes to prefill chunks in admission order (chunked prefill).
 3. Cost it, in model milliseconds::
@@ -244,7 +248,10 @@ class Engine:
     def _admit(self) -> None:
         cfg = self.config
         skipped: list[SimRequest] = []
-        while self.waiting and len(self.running) < cfg.max_num_seqs:
+        budget = cfg.max_num_batched_tokens
+        for r in self.running:
+            budget -= r.prefill_left or 1
+        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
             req = self.waiting[0]
             if req.lora and req.lora not in self._lora_running and len(self._lora_running) >= cfg.max_loras:
                 skipped.append(self.waiting.popleft())
@@ -258,6 +265,7 @@ class Engine:
             req.alloc = alloc
             req.cached_tokens = alloc.cached_tokens
             req.prefill_left = n_prompt - alloc.cached_tokens
+            budget -= req.prefill_left
             req.arrival = min(req.arrival, self.clock)
             self.stats.queue.observe(self.clock - req.arrival)
             self.stats.prefix_queries += n_prompt

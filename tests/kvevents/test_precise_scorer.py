@@ -49,7 +49,7 @@ class FakePrecise:
 
 def test_scheduler_fills_the_precise_match_and_records_the_choice() -> None:
     a, b = endpoints(2)
-    cfg = replace(EppConfig(seed=1), kv_events=KVEventsConfig(prefix_scorer="precise"))
+    cfg = replace(EppConfig(seed=1, scheduler="weighted"), kv_events=KVEventsConfig(prefix_scorer="precise"))
     assert default_profile(cfg).scorers[0] == ("precise-prefix-cache-scorer", cfg.weights.prefix)
     index = PrefixIndex()
     index.record(a.key, [1, 2, 3])  # the approximate index believes a holds the prompt

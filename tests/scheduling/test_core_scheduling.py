@@ -62,7 +62,7 @@ def test_spill_filter_drops_much_busier_endpoints() -> None:
 
 def test_same_prefix_sticks_and_different_prefixes_spread() -> None:
     ds = make_ds(4)
-    sched = default_scheduler(EppConfig(seed=1), PrefixIndex(10000))
+    sched = default_scheduler(EppConfig(seed=1, scheduler="weighted"), PrefixIndex(10000))
     first = sched.schedule(req(b"shared system prompt " * 40 + b"q0"), ds.snapshot()).primary
     for i in range(1, 10):
         d = sched.schedule(req(b"shared system prompt " * 40 + b"q%d" % i), ds.snapshot())

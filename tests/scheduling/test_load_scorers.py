@@ -141,8 +141,8 @@ def test_detector_as_filter_drops_stale_and_saturated_but_never_all() -> None:
         UtilizationDetector(SaturationConfig(kv_cache_util_threshold=1.5))
 
 
-def test_default_profile_weights_and_explanation() -> None:
-    sched = build_scheduler(EppConfig(), PrefixIndex(100), clock=clock)
+def test_weighted_profile_weights_and_explanation() -> None:
+    sched = build_scheduler(EppConfig(scheduler="weighted"), PrefixIndex(100), clock=clock)
     assert [f.name for f in sched.filters] == ["hot-spot-spill-filter"]
     assert [(w.scorer.name, w.weight) for w in sched.scorers] == [
         ("prefix-cache-scorer", 5.0), ("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0),

@@ -1,0 +1,195 @@
+"""Token-aware load and predicted time to first token (TTFT), per endpoint.
+
+State per endpoint (`EndpointWork`), kept from the picker's own decisions and corrected by each
+scrape that the request path finds newer than the last one it saw (the scraper only writes the
+datastore; nothing here runs off the request path):
+
+- backlog B: prompt tokens routed to the endpoint that it has not prefilled yet. A routed request
+  adds its uncached tokens (prompt tokens minus those the prefix index predicts cached there).
+  B drains at the endpoint's prefill rate while it is not empty:
+      B(t) = max(0, B(t0) - (t - t0) / (prefill_ms_per_token x slowdown))
+- slowdown: observed over predicted TTFT, learned per endpoint (LatencyConfig.calibrate). Once a
+  scrape shows at least MIN_FIRST_TOKENS new first tokens in vllm:time_to_first_token_seconds since
+  the last update, and at least MIN_ROUTED requests were routed there meanwhile:
+      ratio = (delta sum / delta count) / (mean base prediction of those routed requests)
+      slowdown <- clamp(slowdown + ALPHA x (ratio - slowdown), min_slowdown, max_slowdown)
+  where a base prediction is the prediction without slowdown. One scalar absorbs what the priors
+  get wrong: a slower GPU, a bigger model, bytes per token of the clients' language.
+
+Scrape corrections of B (the engine sees first tokens, the picker does not):
+- waiting = 0 and running = 0: the engine is idle, so only requests routed since that scrape can
+  be waiting: B <= tokens routed since the scrape.
+- waiting > 0: at least that many requests wait: B >= waiting x the mean uncached tokens of the
+  requests routed there (exponentially weighted, ALPHA).
+
+Prefixes still being computed: an engine caches a prompt's blocks only once their prefill is
+done, and a request admitted while they are still computing misses them (vLLM V1). So each
+endpoint keeps, per prefix family (the prompt's first block), the latest request routed there
+that adds blocks: its end mark in the endpoint's routed-token count and the cached tokens it
+found (`stable`). For a later request of that family, with a = tokens routed after the mark and
+remaining = B - a (that request's prefill still to do):
+- remaining <= 0: computed; remaining <= step_tokens: it ends within the engine's current step,
+  before a new arrival is admitted; a >= step_tokens: the new request queues behind enough work
+  to be admitted only after it. In these cases the match counts in full;
+- otherwise both would be prefilling together: only `stable` tokens count as cached.
+At most MAX_PENDING families per endpoint (the oldest go first).
+
+Prediction for a request with `uncached` tokens not cached on e, running_e sequences there
+(extproc/scheduling/load.py's load):
+
+    work    = B_e + uncached
+    ttft(e) = slowdown_e x (overhead_ms + work x prefill_ms_per_token
+                            + ceil(work / step_tokens) x decode_ms_per_seq x running_e)
+
+An engine step prefills at most step_tokens, and every step also decodes the running sequences:
+that is the decode-contention term. Prompt tokens are exact when the request was tokenized
+(precise mode), else prompt bytes / PrefixConfig.bytes_per_token (slowdown absorbs the error).
+
+With several active-active pickers each backlog holds only its own decisions; the scrape
+corrections and the TTFT calibration see every picker's traffic, at scrape granularity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from extproc.config import LatencyConfig
+from extproc.datastore import Endpoint
+from extproc.scheduling.load import endpoint_load
+
+ALPHA = 0.2
+MIN_FIRST_TOKENS = 8
+MIN_ROUTED = 4
+MAX_PENDING = 256
+
+
+@dataclass(slots=True)
+class EndpointWork:
+    backlog: float = 0.0  # tokens not yet prefilled
+    routed_total: float = 0.0  # tokens ever routed here (the marks of `pending` count in it)
+    pending: dict[int, tuple[float, float]] = field(default_factory=dict)  # family -> (mark, stable)
+    updated_at: float = 0.0  # when backlog was last drained
+    slowdown: float = 1.0
+    mean_uncached: float = 0.0
+    routed_tokens_since_scrape: float = 0.0
+    seen_scrape_at: float = -1.0  # updated_at of the last scrape applied
+    # Calibration window: engine counters at its start, our routed requests since.
+    ttft_sum_s: float = 0.0
+    ttft_count: float = -1.0
+    base_sum_ms: float = 0.0
+    routed: int = 0
+
+
+class LatencyModel:
+    def __init__(self, config: LatencyConfig, bytes_per_token: float, clock: Callable[[], float]) -> None:
+        if config.prefill_ms_per_token <= 0 or config.step_tokens <= 0:
+            raise ValueError("latency: prefill_ms_per_token and step_tokens must be positive")
+        if not 0 < config.min_slowdown <= 1 <= config.max_slowdown:
+            raise ValueError("latency: min_slowdown must be in (0, 1] and max_slowdown >= 1")
+        self.config = config
+        self.bytes_per_token = bytes_per_token
+        self.clock = clock
+        self._work: dict[str, EndpointWork] = {}
+
+    # -- per-endpoint state ------------------------------------------------------------------
+    def work(self, ep: Endpoint, now: float) -> EndpointWork:
+        """The endpoint's state, drained to `now` and corrected by a scrape not yet applied."""
+        w = self._work.get(ep.key)
+        if w is None:
+            w = self._work[ep.key] = EndpointWork(updated_at=now)
+        if now > w.updated_at:
+            drained = (now - w.updated_at) / (self.config.prefill_ms_per_token * w.slowdown) * 1000.0
+            w.backlog = max(0.0, w.backlog - drained)
+            w.updated_at = now
+        m = ep.metrics
+        if m is not None and m.ok and m.updated_at > w.seen_scrape_at:
+            w.seen_scrape_at = m.updated_at
+            if m.waiting <= 0 and m.running <= 0:
+                w.backlog = min(w.backlog, w.routed_tokens_since_scrape)
+            elif m.waiting > 0:
+                w.backlog = max(w.backlog, m.waiting * w.mean_uncached)
+            w.routed_tokens_since_scrape = 0.0
+            if self.config.calibrate and m.ttft_count >= 0:
+                self._calibrate(w, m.ttft_sum_s, m.ttft_count)
+        return w
+
+    def _calibrate(self, w: EndpointWork, ttft_sum_s: float, ttft_count: float) -> None:
+        if w.ttft_count < 0 or ttft_count < w.ttft_count:  # first sight, or the engine restarted
+            w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
+            return
+        first_tokens = ttft_count - w.ttft_count
+        if first_tokens < MIN_FIRST_TOKENS or w.routed < MIN_ROUTED:
+            return
+        observed_ms = (ttft_sum_s - w.ttft_sum_s) / first_tokens * 1000.0
+        predicted_ms = w.base_sum_ms / w.routed
+        if predicted_ms > 0:
+            c = self.config
+            ratio = observed_ms / predicted_ms
+            w.slowdown = min(max(w.slowdown + ALPHA * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
+        w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
+
+    def forget_others(self, keep: Sequence[Endpoint]) -> None:
+        """Drop the state of endpoints not in `keep` (bounded by the pool, not by its history)."""
+        wanted = {ep.key for ep in keep}
+        for key in [k for k in self._work if k not in wanted]:
+            del self._work[key]
+
+    def __len__(self) -> int:
+        return len(self._work)
+
+    # -- predictions -------------------------------------------------------------------------
+    def prompt_tokens(self, prompt_tokens: int, prompt_bytes: int) -> float:
+        return float(prompt_tokens) if prompt_tokens > 0 else prompt_bytes / self.bytes_per_token
+
+    def base_ttft_ms(self, ep: Endpoint, w: EndpointWork, uncached: float) -> float:
+        """Predicted TTFT without the endpoint's slowdown (see the module docstring)."""
+        c = self.config
+        work = w.backlog + uncached
+        steps = max(1.0, math.ceil(work / c.step_tokens))
+        return c.overhead_ms + work * c.prefill_ms_per_token + steps * c.decode_ms_per_seq * endpoint_load(ep)
+
+    def computed(self, w: EndpointWork, family: int | None, cached: float) -> float:
+        """Of `cached` tokens matched on the endpoint, those computed by the time a request
+        routed now would be admitted (see "Prefixes still being computed")."""
+        if family is None or not w.pending:
+            return cached
+        entry = w.pending.get(family)
+        if entry is None:
+            return cached
+        mark, stable = entry
+        after = w.routed_total - mark
+        remaining = w.backlog - after
+        if remaining <= 0:
+            del w.pending[family]
+            return cached
+        if remaining <= self.config.step_tokens or after >= self.config.step_tokens:
+            return cached
+        return min(cached, stable)
+
+    def routed(self, ep: Endpoint, uncached: float, base_ms: float | None, now: float,
+               family: int | None = None, cached: float = 0.0) -> None:
+        """A request with `uncached` tokens to prefill (and `cached` found) was routed to `ep`,
+        predicted at base_ms (None: not this picker's prediction, e.g. a fallback that served;
+        not calibrated on). `family`: its first block, to track the blocks it adds."""
+        w = self.work(ep, now)
+        w.backlog += uncached
+        w.routed_total += uncached
+        if family is not None and uncached > 0:
+            pending = w.pending
+            pending.pop(family, None)  # re-inserted last: insertion order is age
+            pending[family] = (w.routed_total, cached)
+            if len(pending) > MAX_PENDING:
+                del pending[next(iter(pending))]
+        w.routed_tokens_since_scrape += uncached
+        w.mean_uncached += ALPHA * (uncached - w.mean_uncached)
+        if base_ms is not None:
+            w.base_sum_ms += base_ms
+            w.routed += 1
+
+    def unrouted(self, ep: Endpoint, uncached: float, now: float) -> None:
+        """A request routed to `ep` went elsewhere (a fallback served it): take its work back."""
+        w = self.work(ep, now)
+        w.backlog = max(0.0, w.backlog - uncached)
+        w.routed_tokens_since_scrape = max(0.0, w.routed_tokens_since_scrape - uncached)

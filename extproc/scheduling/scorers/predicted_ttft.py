@@ -1,0 +1,116 @@
+"""predicted-ttft-scorer: route to the endpoint with the least predicted time to first token.
+
+For each candidate e (extproc/scheduling/latency.py for the model):
+
+1. cached(e): prompt tokens predicted cached on e -- the precise index's matched share of the
+   prompt where e's KV events are usable, else the approximate index's matched bytes / bytes per
+   token -- less what a request still prefilling there has yet to compute (latency.py, "Prefixes
+   still being computed"); uncached(e) = prompt tokens - cached(e).
+2. ttft(e): queued prefill work on e plus uncached(e), at e's prefill rate, plus decode contention.
+   Prefix affinity needs no weight of its own: a warm replica has less to prefill, and it keeps the
+   prefix until its queue costs more than a cold replica's full prefill ("sticky until saturated").
+3. Capacity: copying a prefix that another candidate already holds evicts as many tokens of
+   other prefixes once e's cache is full. cost(e) = ttft(e) + eviction_weight x fullness(e) x
+   (max cached - cached(e)) x prefill_ms_per_token x slowdown(e), with fullness(e) = blocks the
+   prefix index holds for e / its capacity (tuned from the engine's num_gpu_blocks). So a prefix
+   is copied once the queue on its holders outweighs the prefill AND the recompute it displaces,
+   and spreads only onto as many replicas as its load needs.
+4. Affinity hints (prompt_cache_key, session header): an endpoint in `request.affinity_match`
+   has its cost divided by 1 + affinity_tolerance, so it wins near-ties and never a clear loss.
+5. score(e) = min cost / cost(e): 1 for the best, in (0, 1] for the rest; the max-score picker
+   then takes the least cost (random among equals). Each candidate's prediction is kept in
+   `request.predictions` for --explain-decisions.
+
+After the pick (PickObserver), the chosen endpoint's backlog grows by its uncached tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from extproc.config import EppConfig
+from extproc.datastore import Endpoint
+from extproc.prefix.index import PrefixIndex
+from extproc.scheduling.interfaces import SchedulingRequest
+from extproc.scheduling.latency import LatencyModel
+
+
+class PredictedTtftScorer:
+    name = "predicted-ttft-scorer"
+
+    def __init__(self, config: EppConfig, clock: Callable[[], float] = time.monotonic,
+                 index: PrefixIndex | None = None) -> None:
+        self.config = config.latency
+        if self.config.eviction_weight < 0 or self.config.affinity_tolerance < 0:
+            raise ValueError("latency: eviction_weight and affinity_tolerance must be >= 0")
+        self.block_size_bytes = config.prefix.block_size_bytes
+        self.model = LatencyModel(config.latency, config.prefix.bytes_per_token, clock)
+        self.index = index
+        self._clock = clock
+
+    def bind_index(self, index: PrefixIndex) -> None:
+        self.index = index
+
+    def _cached(self, request: SchedulingRequest, ep: Endpoint, tokens: float) -> float:
+        keys = len(request.token_keys or ())
+        if keys and ep.key in request.precise_usable:
+            return tokens * request.precise_match.get(ep.key, 0) / keys
+        matched_bytes = request.prefix_match.get(ep.key, 0) * self.block_size_bytes
+        return min(tokens, self.model.prompt_tokens(0, matched_bytes))
+
+    def _fullness(self, ep: Endpoint) -> float:
+        if self.index is None:
+            return 0.0
+        return min(self.index.held_by(ep.key) / self.index.capacity(ep.key), 1.0)
+
+    def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        now = self._clock()
+        model, c = self.model, self.config
+        if len(model) > 2 * len(endpoints) + 16:
+            model.forget_others(endpoints)
+        # Without the prompt's size (a caller that only hashed it), its blocks stand for it.
+        prompt_bytes = request.prompt_bytes or request.total_blocks * self.block_size_bytes
+        tokens = model.prompt_tokens(request.prompt_tokens, prompt_bytes)
+        cached = [self._cached(request, ep, tokens) for ep in endpoints]
+        costs: list[float] = []
+        predictions = request.predictions
+        family = request.block_hashes[0] if request.block_hashes else None
+        works = [model.work(ep, now) for ep in endpoints]
+        cached = [model.computed(w, family, hit) for w, hit in zip(works, cached, strict=True)]
+        most = max(cached, default=0.0)
+        for ep, w, hit in zip(endpoints, works, cached, strict=True):
+            uncached = tokens - hit
+            ttft = w.slowdown * model.base_ttft_ms(ep, w, uncached)
+            cost = ttft
+            if c.eviction_weight and hit < most:
+                cost += (c.eviction_weight * self._fullness(ep) * (most - hit)
+                         * c.prefill_ms_per_token * w.slowdown)
+            if ep.key in request.affinity_match:
+                cost /= 1.0 + c.affinity_tolerance
+            predictions[ep.key] = (ttft, uncached)
+            costs.append(cost)
+        best = min(costs, default=0.0)
+        return [best / cost if cost > 0 else 1.0 for cost in costs]
+
+    # -- PickObserver ----------------------------------------------------------------------------
+    def picked(self, request: SchedulingRequest, chosen: Endpoint) -> None:
+        predicted = request.predictions.get(chosen.key)
+        if predicted is None:
+            return
+        now = self._clock()
+        ttft, uncached = predicted
+        w = self.model.work(chosen, now)
+        family = request.block_hashes[0] if request.block_hashes else None
+        tokens = self.model.prompt_tokens(request.prompt_tokens,
+                                          request.prompt_bytes or request.total_blocks * self.block_size_bytes)
+        self.model.routed(chosen, uncached, ttft / w.slowdown, now, family, tokens - uncached)
+
+    def moved(self, request: SchedulingRequest, primary: Endpoint, served: Endpoint) -> None:
+        now = self._clock()
+        before = request.predictions.get(primary.key)
+        after = request.predictions.get(served.key)
+        if before is not None:
+            self.model.unrouted(primary, before[1], now)
+        if after is not None:
+            self.model.routed(served, after[1], None, now)
