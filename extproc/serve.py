@@ -14,6 +14,7 @@ from typing import Any
 
 from extproc import logs
 from extproc.config import (
+    AffinityConfig,
     DrainConfig,
     EppConfig,
     KVEventsConfig,
@@ -30,6 +31,7 @@ _W = WeightsConfig()
 _K = KVEventsConfig()
 _Y = SyncConfig()
 _DR = DrainConfig()
+_A = AffinityConfig()
 
 
 def parse_bool(value: str | bool) -> bool:
@@ -92,6 +94,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="blocks of a prompt considered at most")
     g.add_argument("--prefix-lru-capacity", type=int, default=_P.lru_capacity_per_server,
                    help="prefix index capacity per endpoint, in blocks")
+    _bool_flag(g, "--affinity-hints", _A.enabled, "treat requests with the same prompt_cache_key (else the same "
+               "--session-header value) as sharing a prefix; keys are only hashed, never logged")
+    g.add_argument("--session-header", default=_A.session_header, metavar="NAME",
+                   help="request header whose value is an affinity hint when the body has no prompt_cache_key "
+                   "(empty: none)")
     g.add_argument("--spill-relative", type=float, default=_S.relative,
                    help="hot-spot guard: skip endpoints with load > R * min load + A")
     g.add_argument("--spill-absolute", type=float, default=_S.absolute, help="the A of --spill-relative")
@@ -136,6 +143,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         config_file=args.config_file, config_text=args.config_text,
         prefix=replace(_P, block_size_bytes=args.prefix_block_size, max_prefix_blocks=args.prefix_max_blocks,
                        lru_capacity_per_server=args.prefix_lru_capacity),
+        affinity=replace(_A, enabled=args.affinity_hints, session_header=args.session_header.strip().lower()),
         spill=replace(_S, relative=args.spill_relative, absolute=args.spill_absolute),
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
         seed=args.seed,

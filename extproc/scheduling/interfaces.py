@@ -9,6 +9,8 @@
 endpoint) explicitly before scorers run, so no scorer silently produces data for another. With KV
 events on, the director adds `token_keys` (our keys of the prompt's token blocks) and the scheduler
 fills `precise_match` and `precise_usable` from the `PreciseSource` (extproc/kvevents/manager.py).
+With an affinity hint (extproc/request/affinity.py) the director sets `affinity_hash` and the
+scheduler fills `affinity_match`: the candidates that recorded the same hash before.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class SchedulingRequest:
     token_keys: list[int] | None = None  # None: no precise lookup for this request
     precise_match: dict[str, int] = field(default_factory=dict)
     precise_usable: frozenset[str] = frozenset()  # endpoints whose KV events are trustworthy now
+    affinity_hash: int | None = None  # None: the request carries no affinity hint
+    affinity_match: frozenset[str] = frozenset()  # endpoints that recorded affinity_hash before
 
     @property
     def total_blocks(self) -> int:
