@@ -27,6 +27,18 @@ class PrefixConfig:
 
 
 @dataclass(frozen=True)
+class AffinityConfig:
+    """Affinity hints (extproc/request/affinity.py): requests that share a key count as sharing a prefix.
+
+    The key is the body's `prompt_cache_key` (OpenAI), else the value of `session_header`; it is
+    only hashed (never stored, logged or used as a metric label).
+    """
+
+    enabled: bool = True  # --affinity-hints
+    session_header: str = "x-session-id"  # --session-header: lower-case header name; "" reads no header
+
+
+@dataclass(frozen=True)
 class SpillConfig:
     """Hot-spot guard: an endpoint this much busier than the least loaded one is not a candidate.
 
@@ -211,6 +223,7 @@ class EppConfig:
     config_file: str = ""  # EndpointPickerConfig YAML (extproc/scheduling/config_loader.py)
     config_text: str = ""
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    affinity: AffinityConfig = field(default_factory=AffinityConfig)
     spill: SpillConfig = field(default_factory=SpillConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     # Built-in profile when no EndpointPickerConfig gives one (extproc/scheduling/build.py):

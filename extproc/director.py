@@ -6,8 +6,9 @@ route(ctx):
 3. Candidates: the datastore's endpoints, narrowed by the proxy's subset hint and by the
    `test-epp-endpoint-selection` header; none left -> 503.
 4. Admission (saturation: sheddable requests get 429 while the pool is saturated).
-5. Hash the prompt into prefix blocks and, with KV events on, tokenize it (extproc/tokenize.py)
-   into token-block keys for the precise index; then run the scheduler.
+5. Hash the prompt into prefix blocks and its affinity hint, if any (`prompt_cache_key`, else the
+   session header: extproc/request/affinity.py), and, with KV events on, tokenize it
+   (extproc/tokenize.py) into token-block keys for the precise index; then run the scheduler.
 6. Count the request in flight on the chosen endpoint until `complete()`; if the proxy reports
    (x-gateway-destination-endpoint-served) that a fallback served it, `served_by` moves the
    count and the prefix-index record to that endpoint.
@@ -35,6 +36,7 @@ from extproc.datastore import Datastore, Endpoint, split_host_port
 from extproc.errors import EppError, ErrorCode
 from extproc.kvevents.manager import KVEventsManager
 from extproc.prefix.hashing import block_hashes
+from extproc.request.affinity import affinity_hint
 from extproc.request.openai import ParsedRequest, api_from_path, parse_request
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.scheduler import Decision, Scheduler
@@ -54,6 +56,8 @@ class RequestContext:
     subset: list[str] | None = None
     parsed: ParsedRequest | None = None
     tokens: list[int] | None = None  # from an asynchronous tokenizer (prepare)
+    session: str = ""  # the session header's value (affinity hint): only ever hashed
+    affinity_source: str = ""  # set by route: where the request's affinity hint came from, if any
 
 
 def _matches(ep: Endpoint, wanted: set[str]) -> bool:
@@ -133,6 +137,8 @@ class Director:
             priority=self.priority_of(ctx.objective) if ctx.objective else 0,
             prompt_bytes=sum(map(len, parsed.segments)),
         )
+        request.affinity_hash, ctx.affinity_source = affinity_hint(
+            self.config.affinity, parsed.model, parsed.cache_salt, parsed.affinity_key, ctx.session)
         if self.precise is not None:
             request.token_keys = self._token_keys(ctx, parsed)
             tokens = len(ctx.tokens or ())

@@ -15,6 +15,7 @@ from typing import Any
 from extproc import logs
 from extproc.config import (
     SCHEDULERS,
+    AffinityConfig,
     DrainConfig,
     EppConfig,
     KVEventsConfig,
@@ -33,6 +34,7 @@ _K = KVEventsConfig()
 _Y = SyncConfig()
 _DR = DrainConfig()
 _L = LatencyConfig()
+_A = AffinityConfig()
 
 
 def parse_bool(value: str | bool) -> bool:
@@ -109,6 +111,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "this share of the best prediction")
     _bool_flag(g, "--ttft-calibration", _L.calibrate,
                "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram")
+    _bool_flag(g, "--affinity-hints", _A.enabled, "treat requests with the same prompt_cache_key (else the same "
+               "--session-header value) as sharing a prefix; keys are only hashed, never logged")
+    g.add_argument("--session-header", default=_A.session_header, metavar="NAME",
+                   help="request header whose value is an affinity hint when the body has no prompt_cache_key "
+                   "(empty: none)")
     g.add_argument("--spill-relative", type=float, default=_S.relative,
                    help="hot-spot guard: skip endpoints with load > R * min load + A")
     g.add_argument("--spill-absolute", type=float, default=_S.absolute, help="the A of --spill-relative")
@@ -153,6 +160,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         config_file=args.config_file, config_text=args.config_text,
         prefix=replace(_P, block_size_bytes=args.prefix_block_size, max_prefix_blocks=args.prefix_max_blocks,
                        lru_capacity_per_server=args.prefix_lru_capacity),
+        affinity=replace(_A, enabled=args.affinity_hints, session_header=args.session_header.strip().lower()),
         spill=replace(_S, relative=args.spill_relative, absolute=args.spill_absolute),
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
         scheduler=args.scheduler,

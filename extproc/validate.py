@@ -1,7 +1,8 @@
 """Start-up validation of the whole configuration, after the EndpointPickerConfig is applied.
 
 `check(config)` returns one message per invalid value, each naming the flag (and so the config
-field) it came from, e.g. `--prefix-block-size must be >= 1, got 0`; `prefix-epp serve` refuses
+field) it came from, e.g. `--prefix-block-size must be >= 1, got 0` (numbers: `RULES`; the
+`--session-header` name and the cross-field checks: `check` itself); `prefix-epp serve` refuses
 to start with them instead of turning Ready and failing every request.
 
 Flags and `--config-file` (`--config-text`), applied consistently:
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extproc.config import EppConfig
+from extproc.request.affinity import valid_header_name
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ def check(config: EppConfig) -> list[str]:
     if not problems and config.max_buffered_bytes < config.max_request_body_bytes:
         problems.append(f"--max-buffered-bytes ({config.max_buffered_bytes}) must be >= --max-request-body-bytes "
                         f"({config.max_request_body_bytes}), or a body of the allowed size could never be buffered")
+    if not valid_header_name(config.affinity.session_header):
+        problems.append(f"--session-header must be an HTTP header name (letters, digits, - and the other "
+                        f"token characters) or empty, got {config.affinity.session_header!r}")
     ports = [p for p in (config.grpc_port, config.grpc_health_port, config.metrics_port) if p]
     if len(set(ports)) != len(ports):
         problems.append("--grpc-port, --grpc-health-port and --metrics-port must differ")

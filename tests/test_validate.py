@@ -92,3 +92,15 @@ def test_a_flag_the_file_overrides_is_logged(tmp_path: Path, caplog: pytest.LogC
     with caplog.at_level(logging.WARNING, logger="prefix_epp"):
         serve.validate(config("--config-file", str(path), "--prefix-lru-capacity=500"))  # the file leaves it alone
     assert not caplog.records
+
+
+def test_affinity_flags_parse_and_the_session_header_is_validated() -> None:
+    assert config().affinity == EppConfig().affinity
+    cfg = config("--affinity-hints=false", "--session-header", " X-Conversation-Id ")
+    assert (cfg.affinity.enabled, cfg.affinity.session_header) == (False, "x-conversation-id")
+    serve.validate(cfg)
+    assert config("--session-header=").affinity.session_header == ""
+    serve.validate(config("--session-header="))
+    for bad in ("x session", "x-séance", ":authority"):
+        with pytest.raises(SystemExit, match="--session-header must be an HTTP header name"):
+            serve.validate(config("--session-header", bad))

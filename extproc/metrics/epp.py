@@ -12,6 +12,8 @@ the engines' own metrics keep their value, any other client-chosen name is count
 `target_model_name` equals `model_name`: the picker never rewrites the model (it is kept for the Go
 EPP's dashboards).
 | prefix_epp_requests_total | counter | outcome (routed, error), status (HTTP status) |
+| prefix_epp_affinity_requests_total | counter | source (prompt_cache_key, session_header), hit (true: the |
+| | | chosen endpoint had recorded the request's affinity key; false) -- never the key itself |
 | prefix_epp_extproc_messages_total | counter | kind (request_headers, request_body, ..., response_trailers) |
 | inference_extension_scheduler_e2e_duration_seconds | histogram | - (decision latency: body complete -> decision) |
 | inference_extension_prefix_indexer_hit_ratio | histogram | - (matched / total blocks of the chosen endpoint) |
@@ -49,6 +51,7 @@ from extproc.config import EppConfig
 from extproc.datastore import Datastore
 from extproc.metrics.labels import ModelLabels
 from extproc.prefix.index import PrefixIndex
+from extproc.request.affinity import SOURCES
 from extproc.scheduling.load import usable_metrics
 
 DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -154,6 +157,10 @@ class EppMetrics:
         self._messages = Counter("prefix_epp_extproc_messages", "ext_proc messages received from the proxy",
                                  ["kind"], registry=r)
         self._message_children = {kind: self._messages.labels(kind) for kind in MESSAGE_KINDS}
+        affinity = Counter("prefix_epp_affinity_requests", "Requests with an affinity hint, by source and "
+                           "whether the chosen endpoint had recorded the key", ["source", "hit"], registry=r)
+        self._affinity = {(source, hit): affinity.labels(source, str(hit).lower())
+                          for source in SOURCES for hit in (False, True)}
         streams = Counter("prefix_epp_extproc_streams", "ext_proc streams by how they ended", ["end"], registry=r)
         self._stream_ends = (streams.labels("closed"), streams.labels("reset"))
         self._children: dict[tuple[object, ...], Any] = {}
@@ -182,6 +189,12 @@ class EppMetrics:
         model, target_model = self.models.label(model), self.models.label(target_model)
         self._child(self._objective_requests, (model, target_model)).inc()
         self._child(self._requests, ("routed", "200")).inc()
+
+    def affinity(self, source: str, hit: bool) -> None:
+        """One routed request with an affinity hint from `source` (one of affinity.SOURCES)."""
+        child = self._affinity.get((source, hit))
+        if child is not None:
+            child.inc()
 
     def observe_cached_prediction(self, scorer: str, error_tokens: int, within_one_block: bool) -> None:
         """Closed loop (extproc/server/usage.py): one response's prediction error for one scorer."""

@@ -9,6 +9,10 @@ Algorithm:
   up to block i, so equal hashes at position i mean equal prefixes.
 - At most `max_blocks` hashes are produced (the rest of a long prompt does not change routing).
 
+Affinity hints (extproc/request/affinity.py) hash to xxh64(model \\x00 cache_salt \\x00 "affinity"
+\\x00 key): the same model/salt separation as the seed, in a domain of its own, apart from the prompt's block
+hashes even when the key's text equals the prompt's first block.
+
 Why segment alignment: successive turns of a conversation append messages. Because each message
 starts a new block, turn k's hashes are exactly the first hashes of turn k+1, including the short
 tail block of its last message; fixed offsets over the concatenation would instead hash that tail
@@ -28,6 +32,10 @@ _xxh64 = xxhash.xxh64_intdigest
 
 def prefix_seed(model: str, cache_salt: str = "") -> int:
     return _xxh64(f"{model}\x00{cache_salt}".encode())
+
+
+def affinity_hash(model: str, cache_salt: str, key: str) -> int:
+    return _xxh64(f"{model}\x00{cache_salt}\x00affinity\x00{key}".encode())
 
 
 def block_hashes(

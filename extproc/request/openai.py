@@ -6,6 +6,9 @@ the tools and each input item of `/v1/responses`. The prefix hasher (extproc/pre
 aligns blocks to segment starts, so a later chat turn, whose messages extend the earlier turn's,
 produces exactly the earlier turn's block hashes followed by new ones.
 
+`prompt_cache_key` (a string; "" means none) becomes `affinity_key`, an affinity hint
+(extproc/request/affinity.py); any other type is a 400.
+
 Message framing: `<role>\\x1f<text>` where text is the string content, or the text parts of a
 structured content list joined with `\\n` (non-text parts contribute their URL or a type marker, so
 two prompts that differ only in an image still differ). Tools and `name`/`tool_calls` fields are
@@ -56,6 +59,7 @@ class ParsedRequest:
     cache_salt: str = ""
     stream: bool = False
     include_usage: bool = False
+    affinity_key: str = ""  # prompt_cache_key: only ever hashed, never logged
     body: dict[str, Any] = field(default_factory=dict)
 
 
@@ -174,6 +178,9 @@ def parse_request(api: Api, raw: bytes) -> ParsedRequest:
     else:
         segments = []
     salt = body.get("cache_salt")
+    cache_key = body.get("prompt_cache_key")
+    if cache_key is not None and not isinstance(cache_key, str):
+        raise EppError(ErrorCode.BAD_REQUEST, "'prompt_cache_key' must be a string")
     stream_options = body.get("stream_options")
     return ParsedRequest(
         api=api,
@@ -182,5 +189,6 @@ def parse_request(api: Api, raw: bytes) -> ParsedRequest:
         cache_salt=salt if isinstance(salt, str) else "",
         stream=bool(body.get("stream", False)),
         include_usage=isinstance(stream_options, dict) and bool(stream_options.get("include_usage")),
+        affinity_key=cache_key or "",
         body=body,
     )

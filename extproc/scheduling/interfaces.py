@@ -9,6 +9,8 @@
 endpoint) explicitly before scorers run, so no scorer silently produces data for another. With KV
 events on, the director adds `token_keys` (our keys of the prompt's token blocks) and the scheduler
 fills `precise_match` and `precise_usable` from the `PreciseSource` (extproc/kvevents/manager.py).
+With an affinity hint (extproc/request/affinity.py) the director sets `affinity_hash` and the
+scheduler fills `affinity_match`: the candidates that recorded the same hash before.
 Scorers that keep state about where requests went (predicted-ttft-scorer's backlogs) are
 `PickObserver`s: the scheduler tells them the pick, and a fallback's move.
 """
@@ -32,9 +34,10 @@ class SchedulingRequest:
     token_keys: list[int] | None = None  # None: no precise lookup for this request
     precise_match: dict[str, int] = field(default_factory=dict)
     precise_usable: frozenset[str] = frozenset()  # endpoints whose KV events are trustworthy now
+    affinity_hash: int | None = None  # None: the request carries no affinity hint
+    affinity_match: frozenset[str] = frozenset()  # endpoints that recorded affinity_hash before
     prompt_bytes: int = 0  # the prompt's bytes (its segments), for token estimates
     prompt_tokens: int = 0  # exact prompt tokens when the request was tokenized, else 0
-    affinity_match: frozenset[str] = frozenset()  # endpoints that recorded the request's affinity key
     # Filled by predicted-ttft-scorer: per candidate key, (predicted TTFT ms, uncached tokens).
     predictions: dict[str, tuple[float, float]] = field(default_factory=dict)
 

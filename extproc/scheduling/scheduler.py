@@ -3,14 +3,19 @@
 1. Filters run in order; an empty result fails the request (the caller maps it to an error).
 2. The prefix index is consulted once for the surviving candidates (`request.prefix_match`), and,
    when the request has token keys, the precise index (`request.precise_match`, `precise_usable`).
+   An affinity hint is looked up in the same index as a one-block chain of its own:
+   `request.affinity_match` = candidates holding `affinity_hash`.
 3. total(e) = sum_i weight_i * clamp(score_i(e), 0, 1) (the Go EPP's unnormalised weighted sum).
 4. The picker returns up to `max_endpoints` endpoints, best first.
 5. The request's block hashes are recorded in the index for the first pick (decision time), so
    later requests with the same prefix find it there; its token keys become speculative entries
    of the precise index; stateful scorers (`PickObserver`: predicted-ttft-scorer's backlogs) are
-   told the pick. When the proxy reports that a fallback served the request instead
-   (`reassign`), the approximate record and the observers' state move there (speculative
-   precise entries expire).
+   told the pick. The affinity hash is recorded apart, as its own one-block chain (not in
+   front of the prompt's blocks: requests with other keys but the same prompt still match them),
+   so it obeys the index's LRU bounds and peer sync spreads it like any record. When the proxy
+   reports that a fallback served the request instead (`reassign`), the approximate records
+   (blocks and affinity hash) and the observers' state move there (speculative precise entries
+   expire).
 
 `Decision` keeps each scorer's score of the chosen endpoint, the matched blocks and, with
 predicted-ttft-scorer, every candidate's predicted TTFT, which the optional explanation header
@@ -39,6 +44,8 @@ class Decision:
     precise_total: int = 0
     precise_usable: bool = False  # the chosen endpoint's KV events were usable
     block_hashes: Sequence[int] = ()  # recorded in the index for the primary endpoint
+    affinity_hash: int | None = None  # recorded in the index for the primary endpoint
+    affinity_hit: bool | None = None  # None: no hint; else the primary was in affinity_match
     request: SchedulingRequest | None = None  # for the observers when a fallback serves it
 
     @property
@@ -62,6 +69,8 @@ class Decision:
         if self.precise_matched is not None:
             usable = "" if self.precise_usable else " (approximate fallback)"
             parts.append(f"precise={self.precise_matched}/{self.precise_total}{usable}")
+        if self.affinity_hit is not None:
+            parts.append("affinity=hit" if self.affinity_hit else "affinity=miss")
         parts.extend(f"{name}={score:.3f}" for name, score in self.scores)
         parts.append(f"total={self.total:.3f}")
         if self.request is not None and self.request.predictions:
@@ -101,8 +110,12 @@ class Scheduler:
             if not endpoints:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, f"no endpoint left after filter {f.name}")
         keys = [ep.key for ep in endpoints]
-        if self.index is not None and request.block_hashes:
-            request.prefix_match = self.index.match(request.block_hashes, keys)
+        index = self.index
+        if index is not None and request.block_hashes:
+            request.prefix_match = index.match(request.block_hashes, keys)
+        affinity = request.affinity_hash if index is not None else None
+        if affinity is not None and index is not None:
+            request.affinity_match = frozenset(index.match((affinity,), keys))
         token_keys = request.token_keys or []
         precise = self.precise if token_keys else None
         if precise is not None:
@@ -120,8 +133,10 @@ class Scheduler:
         picked = self.picker.pick(endpoints, totals, self.max_endpoints)
         chosen = picked[0]
         ci = endpoints.index(chosen)
-        if self.index is not None and request.block_hashes:
-            self.index.record(chosen.key, request.block_hashes)
+        if index is not None and request.block_hashes:
+            index.record(chosen.key, request.block_hashes)
+        if index is not None and affinity is not None:
+            index.record(chosen.key, (affinity,))
         if precise is not None:
             precise.record(chosen.key, token_keys)
         for observer in self.observers:
@@ -135,18 +150,27 @@ class Scheduler:
             precise_matched=request.precise_match.get(chosen.key, 0) if precise is not None else None,
             precise_total=len(token_keys),
             precise_usable=chosen.key in request.precise_usable,
-            block_hashes=request.block_hashes if self.index is not None else (),
+            block_hashes=request.block_hashes if index is not None else (),
+            affinity_hash=affinity,
+            affinity_hit=None if affinity is None else chosen.key in request.affinity_match,
             request=request if self.observers else None,
         )
 
     def reassign(self, decision: Decision, served: Endpoint) -> None:
         """Another endpoint of the decision's list served the request (a fallback after the
-        first choice failed): move the index record from the primary to it. Only the blocks the
-        primary did not already hold (beyond its matched prefix) are forgotten there."""
+        first choice failed): move the index records from the primary to it. Only what the
+        primary did not already hold (blocks beyond its matched prefix, an affinity hash it had
+        not recorded before) is forgotten there."""
         if decision.request is not None:
             for observer in self.observers:
                 observer.moved(decision.request, decision.primary, served)
-        if self.index is None or not decision.block_hashes:
+        index = self.index
+        if index is None:
             return
-        self.index.forget(decision.primary.key, decision.block_hashes[decision.matched_blocks:])
-        self.index.record(served.key, decision.block_hashes)
+        if decision.block_hashes:
+            index.forget(decision.primary.key, decision.block_hashes[decision.matched_blocks:])
+            index.record(served.key, decision.block_hashes)
+        if decision.affinity_hash is not None:
+            if not decision.affinity_hit:
+                index.forget(decision.primary.key, (decision.affinity_hash,))
+            index.record(served.key, (decision.affinity_hash,))

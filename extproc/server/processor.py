@@ -68,6 +68,7 @@ from extproc.errors import EppError, ErrorCode
 from extproc.metrics.epp import EppMetrics
 from extproc.pb import envoy_processing_mode_pb2 as mode_pb
 from extproc.pb import external_processor_pb2 as pb
+from extproc.request.affinity import header_to_read
 from extproc.server import responses as R
 from extproc.server.body_budget import RETRY_AFTER_S, BodyBudget
 
@@ -93,7 +94,7 @@ _refused_modes_logged: set[int] = set()
 class StreamProcessor:
     __slots__ = ("_body", "_body_bytes", "_body_done", "_budget", "_director", "_endpoint", "_explain",
                  "_headers_seen", "_metrics", "_new_request_id", "_request_mode", "_reserved", "_response_mode",
-                 "_sampled", "_usage", "ctx", "decision")
+                 "_sampled", "_session_header", "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
                  budget: BodyBudget | None = None) -> None:
@@ -114,6 +115,7 @@ class StreamProcessor:
         self._response_mode = _NONE
         self._usage: UsageTracker | None = None
         self._sampled: bool | None = None  # asked of the usage sampler at request headers, or not yet
+        self._session_header = header_to_read(director.config.affinity)  # "": no header name is empty
 
     async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
         """The exchange, guarded: an unexpected exception ends the stream with a 500, never a gRPC error."""
@@ -178,27 +180,31 @@ class StreamProcessor:
         ctx = self.ctx
         bad_header = ""
         declared = ""
+        session = self._session_header
         for h in msg.request_headers.headers.headers:
-            if h.key in _WANTED_HEADERS:
+            key = h.key
+            if key in _WANTED_HEADERS or key == session:
                 if h.raw_value:
                     try:
                         value = h.raw_value.decode()
                     except UnicodeDecodeError:
-                        bad_header = bad_header or h.key
+                        bad_header = bad_header or key
                         continue
                 else:
                     value = h.value
-                if h.key == ":path":
+                if key == session:  # may also be one of the headers below
+                    ctx.session = value
+                if key == ":path":
                     ctx.path = value
-                elif h.key == ":method":
+                elif key == ":method":
                     ctx.method = value
-                elif h.key == "x-request-id":
+                elif key == "x-request-id":
                     ctx.request_id = value
-                elif h.key == "test-epp-endpoint-selection":
+                elif key == "test-epp-endpoint-selection":
                     ctx.test_selection = value
-                elif h.key == "content-length":
+                elif key == "content-length":
                     declared = value
-                else:
+                elif key == "x-gateway-inference-objective":
                     ctx.objective = value
         ctx.subset = _subset_hint(msg)
         if not ctx.request_id:
@@ -316,6 +322,8 @@ class StreamProcessor:
             self._metrics.observe_hit_ratio(decision.matched_blocks / decision.total_blocks)
         model = ctx.parsed.model if ctx.parsed else ""
         self._metrics.routed(model, model)
+        if decision.affinity_hit is not None:
+            self._metrics.affinity(ctx.affinity_source, decision.affinity_hit)
         new_id = self._new_request_id
         if self._request_mode == _BUFFERED:
             self._release_budget()  # nothing to stream back: the body is no longer held

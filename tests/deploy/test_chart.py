@@ -167,6 +167,7 @@ BAD_VALUES: list[tuple[str, Obj]] = [
     ("nodePort outside the range", {"envoyGateway": {"envoyProxy": {"nodePort": 8080}}}),
     ("duration format", {"envoyGateway": {"route": {"requestTimeout": "5 minutes"}}}),
     ("extra arg without dashes", {"picker": {"extraArgs": ["serve"]}}),
+    ("session header not a header name", {"picker": {"sessionHeader": "X-Session Id"}}),
 ]
 
 

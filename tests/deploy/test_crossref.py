@@ -70,6 +70,9 @@ def test_args_parse_and_match_the_chart(render: Render, name: str) -> None:
     assert config.secure_serving is tls_enabled
     assert config.max_endpoints == values.get("picker", {}).get("maxEndpoints", 1)
     assert config.max_buffered_bytes == values.get("picker", {}).get("maxBufferedBytes", DEFAULTS.max_buffered_bytes)
+    assert config.affinity.enabled is values.get("picker", {}).get("affinityHints", DEFAULTS.affinity.enabled)
+    assert config.affinity.session_header == values.get("picker", {}).get("sessionHeader",
+                                                                            DEFAULTS.affinity.session_header)
     assert ns.config_file == c["volumeMounts"][0]["mountPath"] + "/config.yaml"
     if values.get("tls", {}).get("existingSecret"):
         assert config.cert_path == next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tls")
@@ -88,6 +91,8 @@ def test_chart_defaults_equal_eppconfig() -> None:
     assert picker["metricsPort"] == DEFAULTS.metrics_port
     assert picker["maxEndpoints"] == DEFAULTS.max_endpoints
     assert picker["explainDecisions"] == DEFAULTS.explain_decisions
+    assert picker["affinityHints"] == DEFAULTS.affinity.enabled
+    assert picker["sessionHeader"] == DEFAULTS.affinity.session_header
     assert picker["maxBufferedBytes"] == DEFAULTS.max_buffered_bytes
     assert VALUES["tls"]["enabled"] == DEFAULTS.secure_serving
     assert VALUES["inferencePool"]["apiGroup"] == DEFAULTS.pool_group

@@ -33,6 +33,10 @@ def test_usable_endpoints_score_precisely_the_others_approximately() -> None:
     assert PrecisePrefixScorer().score(r, [a, b, c]) == [0.0, 1.0, 1.0]  # c: no usable events -> approximate
     r.token_keys = None  # no tokens (tokenizer failed, cache_salt): approximate everywhere
     assert PrecisePrefixScorer().score(r, [a, b, c]) == [1.0, 0.5, 1.0]
+    # An affinity hint is one more leading block on the endpoints that recorded it.
+    r.token_keys = [7, 8, 9, 10, 11]
+    r.affinity_hash, r.affinity_match = 99, frozenset({a.key, b.key})
+    assert PrecisePrefixScorer().score(r, [a, b, c]) == [1 / 6, 1.0, 4 / 5]
 
 
 class FakePrecise:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from extproc.prefix.hashing import block_hashes
+from extproc.prefix.hashing import affinity_hash, block_hashes
 
 
 def test_blocks_and_cap() -> None:
@@ -46,3 +46,14 @@ def test_stable_across_processes() -> None:
                            env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert len(outs) == 1
     assert outs.pop().strip() == str(block_hashes([b"hello world" * 20], "m"))
+
+
+def test_affinity_hash_has_its_own_domain() -> None:
+    key = affinity_hash("m", "", "user-1")
+    assert affinity_hash("m", "", "user-1") == key
+    assert affinity_hash("other", "", "user-1") != key  # same key, other model
+    assert affinity_hash("m", "salt", "user-1") != key  # same key, other cache salt
+    assert affinity_hash("m", "", "user-2") != key
+    # A key whose text equals a prompt's first block never stands for that block.
+    for text in ("user-1", "x" * 64, ""):
+        assert affinity_hash("m", "", text) not in block_hashes([text.encode()], "m")

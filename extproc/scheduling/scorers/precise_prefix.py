@@ -10,6 +10,10 @@ scorer only reads them. A request without token keys (tokenizer unavailable, `ca
 scored approximately everywhere, so the approximate index stays in effect wherever no events
 arrive. Selected by `--prefix-scorer precise` (it replaces prefix-cache-scorer in the default
 profile, with the same weight) or by naming it in an EndpointPickerConfig.
+
+An affinity hint counts as one more leading block on the endpoints in `request.affinity_match`,
+as in prefix-cache-scorer: (matched + [e in affinity_match]) / (blocks + 1), with the precise or
+the approximate counts as above.
 """
 
 from __future__ import annotations
@@ -28,10 +32,16 @@ class PrecisePrefixScorer:
         usable = request.precise_usable if keys else frozenset()
         precise, approx = request.precise_match, request.prefix_match
         blocks = request.total_blocks
+        hinted = request.affinity_hash is not None
+        affine = request.affinity_match
         out: list[float] = []
         for ep in endpoints:
             if ep.key in usable:
-                out.append(precise.get(ep.key, 0) / keys)
+                matched, total = precise.get(ep.key, 0), keys
             else:
-                out.append(approx.get(ep.key, 0) / blocks if blocks else 0.0)
+                matched, total = approx.get(ep.key, 0), blocks
+            if hinted:
+                out.append((matched + (ep.key in affine)) / (total + 1))
+            else:
+                out.append(matched / total if total else 0.0)
         return out
