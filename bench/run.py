@@ -22,8 +22,8 @@ so a long run that dies keeps what it measured. Each summary also carries `cpu_b
 machine's CPU use during the run) and `start_lag_p99_ms` (how late the client sent against the
 plan): both flag a machine too busy to trust the figures. The run prints its estimated length.
 
-    python -m bench.run --repeat 3            # `make bench`: 7 workloads x 7 routers x 3, ~3 h on 2 cores
-    python -m bench.run --quick               # a third of the requests, one repetition, ~40 min
+    python -m bench.run --repeat 3            # `make bench`: 7 workloads x 7 routers x 3 = 147 runs, ~2 h on 2 cores
+    python -m bench.run --quick               # a third of the requests, one repetition, ~20 min
     python -m bench.run --render-only         # rewrite tables and figures from the saved results
     python -m bench.run --workloads hot-prefix --routers prefix-epp least-request
     python -m bench.run --workloads mixed-length bursts --routers prefix-epp prefix-epp-weighted clairvoyant
@@ -62,7 +62,7 @@ DEFAULT_REPLICAS = 4
 # `make bench`: go-epp and prefix-epp-precise run when named (--routers), not by default.
 DEFAULT_ROUTERS = ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-weighted", "sglang-router",
                    "clairvoyant")
-RUN_OVERHEAD_S = 15.0  # per run, on top of the planned load: start the setup, probe, drain, stop (2 cores)
+RUN_OVERHEAD_S = 8.0  # per run, on top of the planned load: start the setup, probe, drain, stop, write (2 cores)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_policy ROUND_ROBIN",
                 "least-request": "Envoy, lb_policy LEAST_REQUEST", "prefix-epp": "Envoy + the picker",

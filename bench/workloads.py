@@ -39,7 +39,7 @@ streams with usage):
   60% of the prompt tokens. All shuffled together, Poisson arrivals at `rate` per second. KV
   headroom is `MIXED_RUNNING_HEADROOM` (4) of the 30k-token requests, not 8.
 - `bursts` (/v1/completions): `bursts` bursts of `per_burst` (50) requests, one every `gap_s`
-  (8) seconds; a burst's requests share a system prompt no earlier request used
+  (4) seconds; a burst's requests share a system prompt no earlier request used
   (`system_tokens`, 6000) and each has its own question (`question_tokens`, 1200); they arrive
   uniformly within `spread_s` (0.1) seconds of the burst's start. Nothing arrives between bursts.
   KV headroom is `BURST_RUNNING_HEADROOM` (16) requests per replica, so a burst spread over the
@@ -297,9 +297,9 @@ def mixed_length(p: MixedLengthParams = MixedLengthParams()) -> Workload:
 
 @dataclass(frozen=True)
 class BurstParams:
-    bursts: int = 6
+    bursts: int = 12
     per_burst: int = 50
-    gap_s: float = 8.0  # from one burst's start to the next
+    gap_s: float = 4.0  # from one burst's start to the next
     spread_s: float = 0.1  # a burst's requests arrive within this many seconds
     system_tokens: int = 6000
     question_tokens: int = 1200
@@ -347,7 +347,7 @@ def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> W
         ml = MixedLengthParams(short_requests=317 if quick else 950, long_docs=7 if quick else 20, seed=seed)
         return mixed_length(replace(ml, rate=ml.rate * load))
     if name == "bursts":  # `load` shortens the gaps; a burst stays 50 requests within 100 ms
-        bp = BurstParams(bursts=2 if quick else 6, seed=seed)
+        bp = BurstParams(bursts=4 if quick else 12, seed=seed)
         return bursts(replace(bp, gap_s=bp.gap_s / load))
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
