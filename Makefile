@@ -51,7 +51,7 @@ demo: $(STAMP)
 	$(PY) -m bench.demo
 
 bench: $(STAMP)
-	$(PY) -m bench.run
+	$(PY) -m bench.run --repeat 3
 
 # Go binaries (kube-apiserver + etcd for the API tests, the Go endpoint picker for the benchmark),
 # built from source once and cached outside the repository (bench/peers/README.md).

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.oracle import workload_oracle
-from bench.run import RouterSpec, fmt, run_one, sim_settings
+from bench.run import RouterSpec, run_one, sim_settings
+from bench.tables import fmt
 from bench.workloads import SharedPrefixParams, Workload, shared_prefix
 
 ROUTERS = ("random", "prefix-epp")

@@ -10,6 +10,8 @@ then KILL). Setups, all in front of the same replicas:
 - `prefix-epp`: `python -m extproc serve --endpoints ... --secure-serving=false` (default
   scheduling unless `picker_args` add flags) behind Envoy configured by
   `extproc.envoy_config.build_config` (full-duplex ext_proc, override_host cluster).
+- `prefix-epp-weighted`: the same with `--scheduler weighted` (the weighted-sum scoring profile
+  instead of the default predicted-TTFT scheduler).
 - `prefix-epp-precise`: the same with `--prefix-scorer precise`: the picker subscribes to the
   replicas' KV events (`host:port@tcp://events@tcp://replay` endpoints) and routes on them.
   Whenever the replicas publish events, plain `prefix-epp` also gets them, with `--kv-events`
@@ -24,8 +26,13 @@ then KILL). Setups, all in front of the same replicas:
   /model_info, so the router finds no model path and downloads no tokenizer (it logs "No
   tokenizer_path or model_path found for model unknown"); its connections stay on loopback.
 
+- `clairvoyant`: no router process. The simulator itself serves a front
+  (`prefix-epp sim --clairvoyant-port`, `extproc.sim.clairvoyant`) that sends each request to the
+  replica with the least predicted TTFT from the replicas' TRUE caches and queues: a reference
+  no real router can reach, not a competitor. Its CPU is the simulator's (router CPU shows 0).
+
 Replicas: `prefix-epp sim` with one process for all replicas on consecutive ports. KV events
-are on only for the routers in KV_EVENT_ROUTERS (the two prefix-epp setups; replica i publishes on
+are on only for the routers in KV_EVENT_ROUTERS (the prefix-epp setups; replica i publishes on
 tcp://127.0.0.1:E+i, replay on R+i) and off (`--no-kv-events`) for the others, which cannot use
 them and should not pay the simulator's publishing CPU.
 """
@@ -45,8 +52,12 @@ from tests.support.envoy import envoy_binary
 from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 
 ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
-ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-precise", "go-epp", "sglang-router")
-KV_EVENT_ROUTERS = frozenset({"prefix-epp", "prefix-epp-precise"})  # replicas publish KV events for these
+ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-weighted", "prefix-epp-precise", "go-epp", "sglang-router",
+           "clairvoyant")
+KV_EVENT_ROUTERS = frozenset({"prefix-epp", "prefix-epp-weighted", "prefix-epp-precise"})  # replicas publish for these
+# What each prefix-epp setup adds to the picker's defaults (before any --picker-variant flags).
+PICKER_FLAGS = {"prefix-epp-weighted": ("--scheduler", "weighted"),
+                "prefix-epp-precise": ("--prefix-scorer", "precise")}
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class Pool:
     addresses: list[str]
     proc: Proc
     kv_events: list[str] = field(default_factory=list)  # per replica "tcp://events@tcp://replay" (events on)
+    front: str = ""  # ip:port of the simulator's clairvoyant front (SimSettings.clairvoyant)
 
 
 
@@ -81,6 +93,7 @@ class SimSettings:
     max_num_seqs: int = 256
     max_model_len: int = 32768
     kv_events: bool = False  # replicas publish KV events (ZeroMQ PUB + replay ROUTER per replica)
+    clairvoyant: bool = False  # the simulator also serves its clairvoyant front
 
 
 def consecutive_free_ports(n: int, attempts: int = 50) -> int:
@@ -121,10 +134,16 @@ def sim_replicas(tmp: Path, sim: SimSettings) -> Iterator[Pool]:
         events = [f"tcp://127.0.0.1:{pub + i}@tcp://127.0.0.1:{replay + i}" for i in range(n)]
     else:
         args.append("--no-kv-events")
+    front = 0
+    if sim.clairvoyant:
+        front = next(p for p in free_ports(4) if not base <= p < base + 3 * n)
+        args += ["--clairvoyant-port", str(front)]
     with running(args, tmp / "sim.log", wait_port=base) as proc:
         for i in range(n):
             wait_for_port(base + i, proc=proc.popen)
-        yield Pool([f"127.0.0.1:{base + i}" for i in range(n)], proc, events)
+        if front:
+            wait_for_port(front, proc=proc.popen)
+        yield Pool([f"127.0.0.1:{base + i}" for i in range(n)], proc, events, f"127.0.0.1:{front}" if front else "")
 
 
 @contextlib.contextmanager
@@ -191,25 +210,36 @@ def sglang_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
 def picker_flags(name: str, replicas_publish_events: bool) -> tuple[str, ...]:
     """The flags a prefix-epp setup adds to the picker's defaults (the README's setup names them)."""
     if name == "prefix-epp-precise":
-        return ("--prefix-scorer", "precise")
-    return ("--kv-events",) if replicas_publish_events else ()
+        return PICKER_FLAGS[name]
+    return (*PICKER_FLAGS.get(name, ()), *(("--kv-events",) if replicas_publish_events else ()))
+
+
+def picker_setup(name: str, backends: Sequence[str], picker_args: Sequence[str] = (),
+                 kv_events: Sequence[str] = ()) -> tuple[list[str], tuple[str, ...]]:
+    """(--endpoints entries, extra flags) of the picker of prefix-epp setup `name`; `picker_args` come last."""
+    endpoints = [f"{b}@{e}" for b, e in zip(backends, kv_events, strict=True)] if kv_events else []
+    if name == "prefix-epp-precise" and not endpoints:
+        raise ValueError("prefix-epp-precise needs replicas that publish KV events")
+    return endpoints, (*picker_flags(name, bool(endpoints)), *picker_args)
 
 
 def start(name: str, tmp: Path, backends: Sequence[str], picker_args: Sequence[str] = (),
-          kv_events: Sequence[str] = ()) -> contextlib.AbstractContextManager[Router]:
+          kv_events: Sequence[str] = (), front: str = "") -> contextlib.AbstractContextManager[Router]:
     """The router setup called `name` (one of ROUTERS) in front of `backends`.
 
     `kv_events`: per backend "tcp://events@tcp://replay" when the replicas publish KV events
     (`Pool.kv_events`); prefix-epp then subscribes with `--kv-events`, prefix-epp-precise needs them.
+    `front`: the simulator's clairvoyant front (`Pool.front`), which the `clairvoyant` setup is.
     """
     if name in ENVOY_POLICIES:
         return envoy_lb(tmp, name, backends)
     if name in KV_EVENT_ROUTERS:
-        endpoints = [f"{b}@{e}" for b, e in zip(backends, kv_events, strict=True)] if kv_events else []
-        if name == "prefix-epp-precise" and not endpoints:
-            raise ValueError("prefix-epp-precise needs replicas that publish KV events")
-        extra = picker_flags(name, bool(endpoints))
-        return prefix_epp_router(tmp, backends, (*extra, *picker_args), name, endpoints)
+        endpoints, flags = picker_setup(name, backends, picker_args, kv_events)
+        return prefix_epp_router(tmp, backends, flags, name, endpoints)
+    if name == "clairvoyant":
+        if not front:
+            raise ValueError("clairvoyant needs the simulator's front (SimSettings.clairvoyant)")
+        return contextlib.nullcontext(Router("clairvoyant", f"http://{front}", ()))
     if name == "sglang-router":
         return sglang_router(tmp, backends)
     if name == "go-epp":

@@ -1,24 +1,32 @@
 """Side-by-side benchmark: prefix-epp against the routers users would pick instead (`make bench`).
 
-For every workload (`bench.workloads`) and router (`bench.routers`), in that order:
+`--repeat N` runs the whole matrix N times, repetition-major (repetition 1: every workload x
+router, then repetition 2, ...), on the SAME seeded workloads, so machine drift hits every router
+alike and the spread measures the machine's noise. For every workload (`bench.workloads`) and
+router (`bench.routers`; default DEFAULT_ROUTERS), in that order:
 1. start fresh simulated replicas (cold caches; `--replicas`, real time unless `--time-scale`),
    with the workload's KV-cache size (`bench.workloads.kv_cache_blocks` from the oracle's
-   working set);
+   working set), and for `clairvoyant` the simulator's clairvoyant front;
 2. start the router in front of them and wait until a one-token request gets through;
 3. replay the workload open loop (`bench.client`), the same seeded sequence for every router;
 4. read prefix-epp's /metrics (decision latency), stop everything, summarise (`bench.metrics`).
-The oracle bound (`bench.oracle`) is computed once per workload.
+The oracle bound (`bench.oracle`) is computed once per workload. `bench.aggregate` folds the
+repetitions into mean and min-max per (workload, router); the targets are checked on the means.
 
-Writes to --out-dir (bench/results): {name}.json (config, oracle, every summary, targets),
-{name}.md (the tables), {name}-ttft.png, {name}-hit_rate.png, {name}-load.png, and per-request
-records under raw/ (not committed). `name` is "bench", or "bench-quick" with --quick. Each
-summary also carries `cpu_busy` (the machine's CPU use during the run) and `start_lag_p99_ms`
-(how late the client sent against the plan): both flag a machine too busy to trust the figures.
+Writes to --out-dir (bench/results): {name}.json (config, oracle, the means as `results`, their
+`spread`, every repetition's summaries, targets), {name}.md (the tables, `bench.tables`),
+{name}-ttft.png, {name}-ttft_p99.png, {name}-hit_rate.png, {name}-load.png, and per-request
+records under raw/ (not committed). `name` is "bench", or "bench-quick" with --quick. After
+every run {name}-r{k} holds repetition k so far, after every repetition {name} holds all so far,
+so a long run that dies keeps what it measured. Each summary also carries `cpu_busy` (the
+machine's CPU use during the run) and `start_lag_p99_ms` (how late the client sent against the
+plan): both flag a machine too busy to trust the figures. The run prints its estimated length.
 
-    python -m bench.run                       # everything, ~17 min on 2 cores
-    python -m bench.run --quick               # a third of the requests
+    python -m bench.run --repeat 3            # `make bench`: 7 workloads x 7 routers x 3 = 147 runs, ~2 h on 2 cores
+    python -m bench.run --quick               # a third of the requests, one repetition, ~20 min
     python -m bench.run --render-only         # rewrite tables and figures from the saved results
     python -m bench.run --workloads hot-prefix --routers prefix-epp least-request
+    python -m bench.run --workloads mixed-length bursts --routers prefix-epp prefix-epp-weighted clairvoyant
     python -m bench.run --workloads hot-prefix --routers prefix-epp \\
         --picker-variant "--spill-absolute 2"  # also run prefix-epp with other flags
     python -m bench.run --workloads cache-pressure shared-prefix --routers prefix-epp prefix-epp-precise \\
@@ -42,19 +50,27 @@ from pathlib import Path
 from typing import Any
 
 from bench import client, plots
+from bench.aggregate import aggregate
 from bench.metrics import Target, evaluate_targets, summarize
 from bench.oracle import OracleResult, workload_oracle
 from bench.peers.go_epp import build_info as go_epp_build_info
 from bench.routers import KV_EVENT_ROUTERS, ROUTERS, SimSettings, dead, go_epp_available, sim_replicas, start
+from bench.tables import accuracy_table, clairvoyant_table, fmt, results_table, targets_table
 from bench.workloads import WORKLOADS, Workload, build, kv_cache_blocks
 
 DEFAULT_REPLICAS = 4
+# `make bench`: go-epp and prefix-epp-precise run when named (--routers), not by default.
+DEFAULT_ROUTERS = ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-weighted", "sglang-router",
+                   "clairvoyant")
+RUN_OVERHEAD_S = 8.0  # per run, on top of the planned load: start the setup, probe, drain, stop, write (2 cores)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_policy ROUND_ROBIN",
                 "least-request": "Envoy, lb_policy LEAST_REQUEST", "prefix-epp": "Envoy + the picker",
+                "prefix-epp-weighted": "Envoy + the picker, --scheduler weighted",
                 "prefix-epp-precise": "Envoy + the picker, --prefix-scorer precise",
                 "go-epp": "Envoy + the Go endpoint picker (GIE v1.5.0, defaults; real kube-apiserver)",
-                "sglang-router": "sglang-router cache_aware"}
+                "sglang-router": "sglang-router cache_aware",
+                "clairvoyant": "the simulator's clairvoyant front (true caches and queues; a reference)"}
 
 
 @dataclass(frozen=True)
@@ -118,11 +134,12 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     """
     say = log or (lambda line: None)
     tmp.mkdir(parents=True, exist_ok=True)
-    sim = replace(sim, kv_events=router.name in KV_EVENT_ROUTERS)  # only the picker can use KV events
+    # Only the picker can use KV events; only the clairvoyant setup needs the simulator's front.
+    sim = replace(sim, kv_events=router.name in KV_EVENT_ROUTERS, clairvoyant=router.name == "clairvoyant")
     say(f"[{router.label}] starting {sim.replicas} simulated replicas ({sim.kv_cache_blocks} KV blocks each)")
     with sim_replicas(tmp, sim) as pool:
         say(f"[{router.label}] starting the router ({ROUTER_PARTS.get(router.name, router.name)})")
-        with start(router.name, tmp, pool.addresses, router.picker_args, pool.kv_events) as handle:
+        with start(router.name, tmp, pool.addresses, router.picker_args, pool.kv_events, pool.front) as handle:
             asyncio.run(client.probe(handle.url))
             say(f"[{router.label}] sending {workload.requests} requests over ~{workload.duration_s:.0f} s")
             busy0, total0 = _cpu_busy()
@@ -160,97 +177,68 @@ def run_retrying(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSett
     raise AssertionError("unreachable")
 
 
-def fmt(value: float, digits: int = 0) -> str:
-    return "-" if value != value else f"{value:,.{digits}f}"  # NaN -> "-"
+Summaries = dict[str, dict[str, dict[str, Any]]]  # [workload][router] -> summarize() row
 
 
-def results_table(summaries: dict[str, dict[str, dict[str, Any]]], oracle: dict[str, float]) -> str:
-    lines = [
-        "| workload | router | hit rate | of oracle | prefill work (s) | TTFT p50 | p90 | p99 | e2e p50 | p99 "
-        "| output tok/s | req/replica max / mean | errors | decision p50 / p99 (ms) | router CPU ms/req |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for workload, rows in summaries.items():
-        bound = oracle.get(workload, 0.0)
-        if bound:
-            lines.append(f"| {workload} | *oracle (infinite cache)* | {bound:.1%} | 100% | | | | | | | | | | | |")
-        for router, r in rows.items():
-            of_oracle = f"{r['hit_rate'] / bound:.1%}" if bound else "-"
-            decision = f"{r['decision_ms']['p50']:.2f} / {r['decision_ms']['p99']:.2f}" if "decision_ms" in r else ""
-            t, e = r["ttft_ms"], r["e2e_ms"]
-            lines.append(
-                f"| {workload} | {router} | {r['hit_rate']:.1%} | {of_oracle} | {fmt(r['prefill_work_s'])} "
-                f"| {fmt(t['p50'])} | {fmt(t['p90'])} | {fmt(t['p99'])} | {fmt(e['p50'])} | {fmt(e['p99'])} "
-                f"| {fmt(r['output_tokens_per_s'])} | {r['replica_max']} / {r['replica_mean']:.1f} | {r['errors']} "
-                f"| {decision} | {fmt(r.get('router_cpu_ms_per_request', float('nan')), 2)} |")
-    return "\n".join(lines)
-
-
-def accuracy_table(summaries: dict[str, dict[str, dict[str, Any]]]) -> str:
-    """Per prefix-epp router: hit rate, TTFT p90/p99 and both scorers' closed-loop prediction accuracy."""
-    lines = ["| workload | router | hit rate | TTFT p90 | p99 | scorer | predictions | within one block "
-             "| MAE (tokens) |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|"]
-    for workload, rows in summaries.items():
-        for router, r in rows.items():
-            for scorer, acc in r.get("prediction", {}).items():
-                t = r["ttft_ms"]
-                lines.append(f"| {workload} | {router} | {r['hit_rate']:.1%} | {fmt(t['p90'])} | {fmt(t['p99'])} "
-                             f"| {scorer} | {acc['predictions']} | {fmt(acc['within_one_block'] * 100, 1)}% "
-                             f"| {fmt(acc['mae_tokens'])} |")
-    return "\n".join(lines) if len(lines) > 2 else ""
-
-
-def _num(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 10 else f"{value:.3g}"
-
-
-def targets_table(targets: dict[str, list[Target]]) -> str:
-    lines = ["| router | workload | goal | value | bound | met |", "|---|---|---|---:|---:|---|"]
-    for candidate, rows in targets.items():
-        for t in rows:
-            verdict = "yes" if t.met else f"**no** (by {t.miss})"
-            lines.append(f"| {candidate} | {t.workload} | {t.goal} | {_num(t.value)} | {_num(t.bound)} | {verdict} |")
-    return "\n".join(lines)
+def candidates_of(routers: Sequence[str]) -> list[str]:
+    """The setups the goals are checked for: prefix-epp and its variants (not the peers or references)."""
+    return [r for r in routers if r.startswith("prefix-epp")]
 
 
 def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict[str, OracleResult],
-                  summaries: dict[str, dict[str, dict[str, Any]]], ttfts: dict[str, dict[str, list[float]]],
+                  repetitions: Sequence[Summaries], ttfts: dict[str, dict[str, list[float]]],
                   candidates: Sequence[str]) -> dict[str, list[Target]]:
+    """{name}.json, {name}.md and the figures from every repetition's summaries (targets on the means)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rates = {w: o.hit_rate for w, o in oracle.items()}
-    targets = {c: evaluate_targets(summaries, rates, c) for c in candidates}
+    means, spreads = aggregate(repetitions)
+    shown = spreads if len(repetitions) > 1 else None
+    targets = {c: evaluate_targets(means, rates, c) for c in candidates}
     doc = {
         "config": config,
         "oracle": {w: {**asdict(o), "hit_rate": round(o.hit_rate, 4)} for w, o in oracle.items()},
-        "results": summaries,
+        "results": means,
+        "spread": {w: {r: {k: list(v) for k, v in s.items()} for r, s in rows.items()} for w, rows in spreads.items()},
+        "repetitions": list(repetitions),
         "targets": {c: [{**asdict(t), "miss": t.miss} for t in ts] for c, ts in targets.items()},
     }
     (out_dir / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    reps = f"mean (min-max) of {len(repetitions)} repetitions; " if len(repetitions) > 1 else ""
     md = [f"Replicas: {config['replicas']} simulated vLLM replicas (time scale {config['time_scale']}); "
-          "times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage; router CPU = "
-          "user+system CPU of the router's processes (picker and Envoy) per request.", ""]
+          f"{reps}times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage; "
+          "load = requests on the busiest replica / mean; router CPU = user+system CPU of the router's "
+          "processes (picker and Envoy) per request.", ""]
     md += [f"Not run: {router}: {why}." for router, why in config.get("not_run", {}).items()]
-    md += ["", results_table(summaries, rates), "", "Targets:", "", targets_table(targets), ""]
-    accuracy = accuracy_table(summaries)
+    md += ["", results_table(means, rates, shown), "", "Targets (on the means):", "", targets_table(targets), ""]
+    relative = clairvoyant_table(means)
+    if relative:
+        md += ["Relative to the clairvoyant reference (routes on the replicas' true caches and queues):", "",
+               relative, ""]
+    accuracy = accuracy_table(means)
     if accuracy:
         md += ["Closed-loop prediction of cached tokens (picker /metrics at the end of each run; the router "
                "routes with its own scorer, the other one's prediction is recorded alongside):", "", accuracy, ""]
     (out_dir / f"{name}.md").write_text("\n".join(md))
-    if summaries:
-        plots.write_all(summaries, rates, ttfts, out_dir, name)
+    if means:
+        plots.write_all(means, rates, ttfts, out_dir, name, shown)
     return targets
+
+
+def estimate_s(workloads: Sequence[Workload], routers: int, repeat: int) -> float:
+    """Expected wall time: every run's planned load plus RUN_OVERHEAD_S (start, drain, stop)."""
+    return repeat * routers * sum(w.duration_s + RUN_OVERHEAD_S for w in workloads)
 
 
 def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: bool, replicas: int, load: float,
             time_scale: float, out_dir: Path, name: str, log: Callable[[str], None] = print,
-            work_dir: Path | None = None) -> dict[str, Any]:
-    summaries: dict[str, dict[str, dict[str, Any]]] = {}
-    ttfts: dict[str, dict[str, list[float]]] = {}
+            work_dir: Path | None = None, repeat: int = 1) -> dict[str, Any]:
+    """The matrix `repeat` times, repetition-major, on the same seeded workloads.
+
+    After every run: {name}-r{k} (repetition k so far); after every repetition: {name} (all so far).
+    """
     oracle: dict[str, OracleResult] = {}
     config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
-                              "workloads": {}}
-    candidates = [r.label for r in routers if r.name in KV_EVENT_ROUTERS]
+                              "repeat": repeat, "workloads": {}}
     if any(r.name == "go-epp" for r in routers):
         why = go_epp_available()
         if why:  # `make bench` on a machine without Go: the table says go-epp was not run, and why
@@ -259,38 +247,54 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             log(f"go-epp not run: {why}")
         else:
             config["go_epp_build"] = go_epp_build_info()
+    candidates = candidates_of([r.label for r in routers])
+    built = {w: build(w, quick=quick, load=load) for w in workloads}
+    sims: dict[str, SimSettings] = {}
+    for wname, workload in built.items():
+        oracle[wname] = workload_oracle(workload)
+        sims[wname] = sim_settings(oracle[wname], replicas, time_scale, workload)
+        config["workloads"][wname] = {"params": dict(workload.params), "requests": workload.requests,
+                                      "kv_cache_blocks_per_replica": sims[wname].kv_cache_blocks}
+        log(f"{wname}: {workload.requests} requests over ~{workload.duration_s:.0f} s, oracle hit rate "
+            f"{oracle[wname].hit_rate:.1%}, prefix working set {oracle[wname].working_set_blocks} blocks, "
+            f"KV cache {sims[wname].kv_cache_blocks} blocks x {replicas} replicas")
+    log(f"{repeat} x {len(workloads)} workloads x {len(routers)} routers = {repeat * len(workloads) * len(routers)} "
+        f"runs, estimated {estimate_s(list(built.values()), len(routers), repeat) / 60:.0f} min")
     raw_dir = out_dir / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
-    total, done, began = len(workloads) * len(routers), 0, time.monotonic()
+    repetitions: list[Summaries] = []
+    ttfts: dict[str, dict[str, list[float]]] = {}
+    total, done, began = repeat * len(workloads) * len(routers), 0, time.monotonic()
     with tempfile.TemporaryDirectory(prefix="prefix-epp-bench-") as tmp_dir:
         tmp_root = str(work_dir) if work_dir else tmp_dir
-        for wname in workloads:
-            workload = build(wname, quick=quick, load=load)
-            oracle[wname] = workload_oracle(workload)
-            sim = sim_settings(oracle[wname], replicas, time_scale, workload)
-            config["workloads"][wname] = {"params": dict(workload.params), "requests": workload.requests,
-                                          "kv_cache_blocks_per_replica": sim.kv_cache_blocks}
-            log(f"{wname}: {workload.requests} requests over ~{workload.duration_s:.0f} s, oracle hit rate "
-                f"{oracle[wname].hit_rate:.1%}, prefix working set {oracle[wname].working_set_blocks} blocks, "
-                f"KV cache {sim.kv_cache_blocks} blocks x {replicas} replicas")
-            for router in routers:
-                done += 1
-                t0 = time.monotonic()
-                outcome = run_retrying(Path(tmp_root) / f"{wname}-{done}", workload, router, sim, log)
-                s = outcome.summary
-                summaries.setdefault(wname, {})[router.label] = s
-                ttfts.setdefault(wname, {})[router.label] = [r.ttft_s * 1000 for r in outcome.run.requests
-                                                             if r.ok and r.ttft_s is not None]
-                (raw_dir / f"{name}.{wname}.{router.label.replace(' ', '_')}.json").write_text(
-                    json.dumps([asdict(r) for r in outcome.run.requests]))
-                log(f"  [{done}/{total}] {router.label:<14} hit {s['hit_rate']:.1%}  "
-                    f"TTFT p50 {fmt(s['ttft_ms']['p50'])} p99 {fmt(s['ttft_ms']['p99'])} ms  "
-                    f"max/mean load {s['replica_max_over_mean']:.2f}  errors {s['errors']}  "
-                    f"cpu {s['cpu_busy']:.0%}  ({time.monotonic() - t0:.0f} s)")
-            write_results(out_dir, name, config, oracle, summaries, ttfts, candidates)
-    targets = write_results(out_dir, name, config, oracle, summaries, ttfts, candidates)
+        for k in range(1, repeat + 1):
+            rep: Summaries = {}
+            rep_ttfts: dict[str, dict[str, list[float]]] = {}
+            rep_name = f"{name}-r{k}"
+            for wname, workload in built.items():
+                for router in routers:
+                    done += 1
+                    t0 = time.monotonic()
+                    outcome = run_retrying(Path(tmp_root) / f"{wname}-{done}", workload, router, sims[wname], log)
+                    s = outcome.summary
+                    rep.setdefault(wname, {})[router.label] = s
+                    samples = [r.ttft_s * 1000 for r in outcome.run.requests if r.ok and r.ttft_s is not None]
+                    rep_ttfts.setdefault(wname, {})[router.label] = samples
+                    ttfts.setdefault(wname, {}).setdefault(router.label, []).extend(samples)
+                    (raw_dir / f"{rep_name}.{wname}.{router.label.replace(' ', '_')}.json").write_text(
+                        json.dumps([asdict(r) for r in outcome.run.requests]))
+                    log(f"  [{done}/{total}] r{k} {wname} {router.label:<14} hit {s['hit_rate']:.1%}  "
+                        f"TTFT p50 {fmt(s['ttft_ms']['p50'])} p99 {fmt(s['ttft_ms']['p99'])} ms  "
+                        f"max/mean load {s['replica_max_over_mean']:.2f}  errors {s['errors']}  "
+                        f"cpu {s['cpu_busy']:.0%}  ({time.monotonic() - t0:.0f} s)")
+                    write_results(out_dir, rep_name, {**config, "raw_names": [rep_name]}, oracle, [rep], rep_ttfts,
+                                  candidates)
+            repetitions.append(rep)
+            config["raw_names"] = [f"{name}-r{i}" for i in range(1, k + 1)]
+            targets = write_results(out_dir, name, config, oracle, repetitions, ttfts, candidates)
     log(f"done in {time.monotonic() - began:.0f} s; results in {out_dir}/{name}.md")
-    return {"summaries": summaries, "oracle": oracle, "targets": targets}
+    means, _ = aggregate(repetitions)
+    return {"summaries": means, "repetitions": repetitions, "oracle": oracle, "targets": targets}
 
 
 def render_only(out_dir: Path, name: str) -> None:
@@ -298,22 +302,28 @@ def render_only(out_dir: Path, name: str) -> None:
     doc = json.loads((out_dir / f"{name}.json").read_text())
     oracle = {w: OracleResult(o["prompt_tokens"], o["cached_tokens"], o["working_set_blocks"],
                               o["largest_request_blocks"]) for w, o in doc["oracle"].items()}
+    repetitions = doc.get("repetitions") or [doc["results"]]  # results files from before repetitions
+    raw_names = doc["config"].get("raw_names", [name])
     ttfts: dict[str, dict[str, list[float]]] = {}
-    for workload, rows in doc["results"].items():
-        for router in rows:
-            raw = json.loads((out_dir / "raw" / f"{name}.{workload}.{router.replace(' ', '_')}.json").read_text())
-            ttfts.setdefault(workload, {})[router] = [r["ttft_s"] * 1000 for r in raw
-                                                      if r["status"] == 200 and not r["error"] and r["ttft_s"]]
-    write_results(out_dir, name, doc["config"], oracle, doc["results"], ttfts, list(doc["targets"]))
+    for raw_name, summaries in zip(raw_names, repetitions, strict=False):
+        for workload, rows in summaries.items():
+            for router in rows:
+                path = out_dir / "raw" / f"{raw_name}.{workload}.{router.replace(' ', '_')}.json"
+                raw = json.loads(path.read_text()) if path.exists() else []
+                ttfts.setdefault(workload, {}).setdefault(router, []).extend(
+                    r["ttft_s"] * 1000 for r in raw if r["status"] == 200 and not r["error"] and r["ttft_s"])
+    write_results(out_dir, name, doc["config"], oracle, repetitions, ttfts, list(doc["targets"]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="about a third of the requests per workload")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    p.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS))
+    p.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(DEFAULT_ROUTERS),
+                   help=f"default: {' '.join(DEFAULT_ROUTERS)}")
     p.add_argument("--picker-variant", action="append", default=[], metavar="FLAGS",
                    help="also run prefix-epp with these extra flags, e.g. '--spill-absolute 2' (repeatable)")
+    p.add_argument("--repeat", type=int, default=1, help="run the whole matrix this many times (same workloads)")
     p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS)
     p.add_argument("--load", type=float, default=1.0, help="multiply every arrival rate (calibration)")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulator speed-up (1: real time)")
@@ -322,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, help="keep configs and process logs here (default: a temporary dir)")
     p.add_argument("--render-only", action="store_true", help="rewrite the tables and figures from saved results")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     routers = [RouterSpec(r) for r in args.routers]
     routers += [RouterSpec("prefix-epp", tuple(shlex.split(v))) for v in args.picker_variant]
     name = args.name or ("bench-quick" if args.quick else "bench")
@@ -330,9 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print((args.out_dir / f"{name}.md").read_text())
         return 0
     result = run_all(args.workloads, routers, quick=args.quick, replicas=args.replicas, load=args.load,
-                     time_scale=args.time_scale,
-                     out_dir=args.out_dir, name=name, log=lambda line: print(line, flush=True),
-                     work_dir=args.work_dir)
+                     time_scale=args.time_scale, out_dir=args.out_dir, name=name,
+                     log=lambda line: print(line, flush=True), work_dir=args.work_dir, repeat=args.repeat)
     print((args.out_dir / f"{name}.md").read_text())
     return 0 if result["summaries"] else 1
 

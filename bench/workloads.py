@@ -31,6 +31,19 @@ streams with usage):
   and the approximate index, which only sees routing decisions, goes stale (precise vs approximate).
 - `no-reuse` (/v1/completions): unrelated prompts of `system_tokens + question_tokens` tokens,
   each starting with its own header, so no two requests share a block.
+- `mixed-length` (/v1/completions): request counts mislead. `short_requests` prompts of
+  `short_system_tokens + short_question_tokens` (700 + 300) tokens, each from one of
+  `short_systems` (8) shared system prompts with its own question, plus `long_docs` documents of
+  `long_doc_tokens` (29,500) tokens, each asked 2 or 3 times (alternately) with its own
+  `long_question_tokens` (500) question: 30,000-token prompts, 5% of the requests and about
+  60% of the prompt tokens. All shuffled together, Poisson arrivals at `rate` per second. KV
+  headroom is `MIXED_RUNNING_HEADROOM` (4) of the 30k-token requests, not 8.
+- `bursts` (/v1/completions): `bursts` bursts of `per_burst` (50) requests, one every `gap_s`
+  (4) seconds; a burst's requests share a system prompt no earlier request used
+  (`system_tokens`, 6000) and each has its own question (`question_tokens`, 1200); they arrive
+  uniformly within `spread_s` (0.1) seconds of the burst's start. Nothing arrives between bursts.
+  KV headroom is `BURST_RUNNING_HEADROOM` (16) requests per replica, so a burst spread over the
+  pool is admitted at once.
 
 Scaling. The Inference Extension's prefix-cache benchmark sends 150 groups x 5 prompts with a
 6000-token system prompt and a 1200-token question to a pool of GPUs. Here the prompt sizes are
@@ -61,6 +74,8 @@ POOL_FACTOR = 2.0  # the pool holds the working set this many times over...
 MAX_REPLICA_SHARE = 0.75  # ...but one replica never more than this share of it
 RUNNING_HEADROOM = 8  # room for this many of the largest requests running, on top
 PRESSURE_POOL_FACTOR = 1 / 1.15  # cache-pressure: working set = 1.15x the pool's KV cache, no headroom
+MIXED_RUNNING_HEADROOM = 4  # mixed-length: room for 4 of its 30k-token requests running, not 8
+BURST_RUNNING_HEADROOM = 16  # bursts: a quarter of a 50-request burst runs on each replica at once
 
 # Short, common words: each is one token with its leading space (at most 10 letters).
 _WORD_TEXT = """
@@ -153,7 +168,7 @@ def poisson_starts(rng: random.Random, n: int, rate: float) -> list[float]:
     return starts
 
 
-# --- the four workloads --------------------------------------------------------------------------
+# --- the workloads --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -249,7 +264,63 @@ def cache_pressure(p: SharedPrefixParams = SharedPrefixParams()) -> Workload:
                    params={**w.params, "pool_factor": round(PRESSURE_POOL_FACTOR, 4), "running_headroom": 0})
 
 
-WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "no-reuse", "cache-pressure")
+@dataclass(frozen=True)
+class MixedLengthParams:
+    short_requests: int = 950
+    short_systems: int = 8
+    short_system_tokens: int = 700
+    short_question_tokens: int = 300
+    long_docs: int = 20  # asked 2, 3, 2, 3, ... times: 50 long requests
+    long_doc_tokens: int = 29_500
+    long_question_tokens: int = 500
+    max_tokens: int = 64
+    rate: float = 20.0  # requests per second
+    seed: int = 0
+
+
+def mixed_length(p: MixedLengthParams = MixedLengthParams()) -> Workload:
+    """Many ~1k-token prompts from a few shared system prompts; a few 30k-token documents asked 2-3 times."""
+    rng = random.Random(f"mixed-length:{p.seed}")
+    systems = [text(rng, p.short_system_tokens, f"System prompt of tool {s}:") for s in range(p.short_systems)]
+    items: list[tuple[str, str]] = []
+    for q in range(p.short_requests):
+        s = rng.randrange(p.short_systems)
+        items.append((f"s{s}", systems[s] + text(rng, p.short_question_tokens, f"\nShort question {q}:")))
+    for d in range(p.long_docs):
+        doc = text(rng, p.long_doc_tokens, f"Document {d} to read:")
+        for q in range(2 + d % 2):
+            items.append((f"doc{d}", doc + text(rng, p.long_question_tokens, f"\nAbout document {d}, question {q}:")))
+    rng.shuffle(items)
+    return Workload("mixed-length", _completion_sessions(rng, p.rate, p.max_tokens, items), vars(p),
+                    running_headroom=MIXED_RUNNING_HEADROOM)
+
+
+@dataclass(frozen=True)
+class BurstParams:
+    bursts: int = 12
+    per_burst: int = 50
+    gap_s: float = 4.0  # from one burst's start to the next
+    spread_s: float = 0.1  # a burst's requests arrive within this many seconds
+    system_tokens: int = 6000
+    question_tokens: int = 1200
+    max_tokens: int = 64
+    seed: int = 0
+
+
+def bursts(p: BurstParams = BurstParams()) -> Workload:
+    """Bursts of `per_burst` requests on a new shared prefix each, every `gap_s` seconds, within `spread_s`."""
+    rng = random.Random(f"bursts:{p.seed}")
+    sessions: list[Session] = []
+    for b in range(p.bursts):
+        system = text(rng, p.system_tokens, f"System prompt of burst {b}:")
+        starts = sorted(b * p.gap_s + rng.uniform(0.0, p.spread_s) for _ in range(p.per_burst))
+        for q, start in enumerate(starts):
+            prompt = system + text(rng, p.question_tokens, f"\nBurst {b} question {q}:")
+            sessions.append(Session(len(sessions), start, "completion", (prompt,), p.max_tokens, label=f"b{b}"))
+    return Workload("bursts", tuple(sessions), vars(p), running_headroom=BURST_RUNNING_HEADROOM)
+
+
+WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "no-reuse", "cache-pressure", "mixed-length", "bursts")
 
 
 def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> Workload:
@@ -272,6 +343,12 @@ def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> W
     if name == "no-reuse":
         nr = NoReuseParams(requests=90 if quick else 270, seed=seed)
         return no_reuse(replace(nr, rate=nr.rate * load))
+    if name == "mixed-length":
+        ml = MixedLengthParams(short_requests=317 if quick else 950, long_docs=7 if quick else 20, seed=seed)
+        return mixed_length(replace(ml, rate=ml.rate * load))
+    if name == "bursts":  # `load` shortens the gaps; a burst stays 50 requests within 100 ms
+        bp = BurstParams(bursts=4 if quick else 12, seed=seed)
+        return bursts(replace(bp, gap_s=bp.gap_s / load))
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 

@@ -13,6 +13,9 @@ alias of `--failure-rate` as a fraction), and vLLM's `--kv-events-config '<json>
 overrides the `--kv-events-*` flags and applies vLLM's bind-or-connect rule (bind when the
 endpoint contains `*`, `::`, `ipc://` or `inproc://`).
 
+`--clairvoyant-port P` adds the benchmark's clairvoyant reference router on port P
+(`extproc.sim.clairvoyant`): it sends each request to the replica with the least predicted TTFT.
+
 SIGINT and SIGTERM stop the replicas and exit 0. `python -m extproc.sim.cli ...` runs the same
 command without the other sub-commands.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -32,6 +36,7 @@ from typing import Any
 import zmq
 
 from extproc import logs
+from extproc.sim.clairvoyant import clairvoyant_front
 from extproc.sim.config import SimConfig
 from extproc.sim.server import run_replicas
 
@@ -76,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="ms added to a step with prefill")
     model.add_argument("--time-scale", type=float, default=_D.time_scale,
                        help="divide every sleep by this (costs and metrics stay in model time)")
+    serve.add_argument("--clairvoyant-port", type=int, default=_D.clairvoyant_port,
+                       help="also serve a clairvoyant front here: each request goes to the replica with the "
+                            "least predicted TTFT from their true caches and queues (a benchmark reference)")
     faults = p.add_argument_group("faults")
     faults.add_argument("--failure-rate", type=float, default=_D.failure_rate,
                         help="fraction of requests answered HTTP 500")
@@ -132,7 +140,9 @@ async def serve(config: SimConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with run_replicas(config) as replicas:
+        async with run_replicas(config) as replicas, contextlib.AsyncExitStack() as stack:
+            if config.clairvoyant_port is not None:
+                await stack.enter_async_context(clairvoyant_front(replicas, config, config.clairvoyant_port))
             log.info("sim_ready", extra={"replicas": len(replicas), "time_scale": config.time_scale,
                                          "addresses": [r.address for r in replicas]})
             await stop.wait()

@@ -52,6 +52,10 @@ class SimConfig:
     prefill_overhead: float = 2.0  # added to a step that computes any prefill
     time_scale: float = 1.0
 
+    # Benchmark reference: a front on this port routes every request to the replica with the least
+    # predicted TTFT, from the replicas' true state (extproc.sim.clairvoyant); None: no front, 0: any port
+    clairvoyant_port: int | None = None
+
     # Faults
     failure_rate: float = 0.0  # fraction of inference requests answered HTTP 500
     startup_delay: float = 0.0  # seconds (wall) before /health turns 200

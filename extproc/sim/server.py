@@ -240,11 +240,17 @@ class Replica:
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         self._check_ready()
         gen = parse_generation(parse_json(await request.read()), kind, self.config)
+        return await self.generate(request, gen)
+
+    async def generate(self, request: web.Request, gen: Generation) -> web.StreamResponse:
+        """Serve a parsed request: queued on the engine before the first await (the clairvoyant
+        front, `extproc.sim.clairvoyant`, relies on that), then answered on `request`."""
+        self._check_ready()
         if self.config.failure_rate and self._rng.random() < self.config.failure_rate:
             self.failures += 1
             raise ApiError("internal", "Injected failure (--failure-rate).")
         req = SimRequest(gen.prompt_tokens, gen.max_tokens, gen.stream, gen.lora)
-        request_id = f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
+        request_id = f"{'cmpl' if gen.kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         self.engine.submit(req)
         try:
             if gen.stream:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench.oracle import workload_oracle
-from bench.run import RouterSpec, results_table, run_one, sim_settings
+from bench.run import RouterSpec, run_one, sim_settings
+from bench.tables import results_table
 from bench.workloads import SharedPrefixParams, shared_prefix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the first run builds the binaries

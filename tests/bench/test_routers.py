@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from bench.routers import picker_flags
+import pytest
+
+from bench.routers import KV_EVENT_ROUTERS, ROUTERS, picker_flags, picker_setup, start
 from tests.support.procs import REPO_ROOT
 
 
@@ -23,3 +26,23 @@ def test_readme_names_every_flag_the_benchmark_adds_to_the_picker() -> None:
     assert re.search(r"`prefix-epp` \(Envoy \+ `python -m extproc serve`, default scheduling plus `--kv-events`",
                      setup)
     assert picker_flags("prefix-epp", replicas_publish_events=False) == ()
+
+
+def test_weighted_setup_passes_the_scheduler_flag_to_the_picker() -> None:
+    backends = ["127.0.0.1:1", "127.0.0.1:2"]
+    events = ["tcp://127.0.0.1:3@tcp://127.0.0.1:5", "tcp://127.0.0.1:4@tcp://127.0.0.1:6"]
+    endpoints, flags = picker_setup("prefix-epp-weighted", backends, ("--spill-absolute", "2"), events)
+    assert flags == ("--scheduler", "weighted", "--kv-events", "--spill-absolute", "2")
+    assert endpoints == [f"{b}@{e}" for b, e in zip(backends, events, strict=True)]
+    _, default = picker_setup("prefix-epp", backends, (), events)
+    assert default == ("--kv-events",)  # the default scheduler: no --scheduler flag
+    assert picker_setup("prefix-epp-weighted", backends)[1] == ("--scheduler", "weighted")
+    assert {"prefix-epp-weighted", "clairvoyant"} <= set(ROUTERS)
+    assert "prefix-epp-weighted" in KV_EVENT_ROUTERS  # the same KV events as prefix-epp, for comparability
+
+
+def test_clairvoyant_setup_is_the_simulators_front() -> None:
+    with start("clairvoyant", Path("/nonexistent"), ["127.0.0.1:1"], front="127.0.0.1:7") as router:
+        assert router.url == "http://127.0.0.1:7" and router.procs == ()
+    with pytest.raises(ValueError, match="front"):
+        start("clairvoyant", Path("/nonexistent"), ["127.0.0.1:1"])

@@ -20,5 +20,5 @@ def test_process_cpu_counts_this_process_and_ignores_gone_pids() -> None:
 
 def test_results_say_which_router_did_not_run_and_why(tmp_path: Path) -> None:
     config = {"replicas": 4, "time_scale": 1.0, "not_run": {"go-epp": "no Go toolchain"}}
-    write_results(tmp_path, "t", config, {}, {}, {}, [])
+    write_results(tmp_path, "t", config, {}, [], {}, [])
     assert "Not run: go-epp: no Go toolchain." in (tmp_path / "t.md").read_text()

@@ -1,0 +1,110 @@
+"""bench.aggregate on hand-made summaries, and the repeated run's files (json, md, render-only, CLI)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.aggregate import aggregate, cell, mean_row, spread_row
+from bench.oracle import OracleResult
+from bench.run import DEFAULT_ROUTERS, candidates_of, main, render_only, write_results
+from bench.tables import clairvoyant_table, fmt, results_table
+
+
+def summary(hit: float, p99: float, counts: dict[str, int], decision: float | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "requests": 10, "errors": 0, "hit_rate": hit, "prefill_work_s": 1.0,
+        "ttft_ms": {"p50": p99 / 4, "p90": p99 / 2, "p99": p99}, "e2e_ms": {"p50": 2 * p99, "p99": 3 * p99},
+        "output_tokens_per_s": 100.0, "requests_per_replica": counts, "replica_max": max(counts.values()),
+        "replica_mean": sum(counts.values()) / len(counts),
+        "replica_max_over_mean": max(counts.values()) / (sum(counts.values()) / len(counts)),
+        "router_cpu_ms_per_request": 1.5, "cpu_busy": 0.5, "start_lag_p99_ms": 1.0, "wall_s": 10.0}
+    if decision is not None:
+        row["decision_ms"] = {"p50": decision, "p99": 2 * decision}
+    return row
+
+
+REP1 = {"w": {"a": summary(0.6, 1800.0, {"x:1": 6, "x:2": 4}, 0.5), "b": summary(0.2, 900.0, {"x:1": 5, "x:2": 5})}}
+REP2 = {"w": {"a": summary(0.7, 2100.0, {"y:1": 2, "y:2": 8}, 0.7), "b": summary(0.3, 1200.0, {"y:1": 5, "y:2": 5})}}
+REP3 = {"w": {"a": summary(0.8, 1900.0, {"z:1": 7, "z:2": 3}, 0.6)}, "v": {"a": summary(0.5, 100.0, {"z:1": 1})}}
+
+
+def test_mean_and_min_max_over_repetitions() -> None:
+    means, spreads = aggregate([REP1, REP2, REP3])
+    a = means["w"]["a"]
+    assert a["hit_rate"] == pytest.approx(0.7)
+    assert a["ttft_ms"]["p99"] == pytest.approx((1800 + 2100 + 1900) / 3)
+    assert a["e2e_ms"]["p99"] == pytest.approx(5800.0)
+    assert a["decision_ms"]["p50"] == pytest.approx(0.6)
+    assert a["replica_max_over_mean"] == pytest.approx((1.2 + 1.6 + 1.4) / 3)
+    # Replica addresses differ between runs: counts are averaged by rank, busiest first.
+    assert a["requests_per_replica"] == {"#1": pytest.approx(7.0), "#2": pytest.approx(3.0)}
+    assert spreads["w"]["a"]["ttft_ms.p99"] == (1800.0, 2100.0)
+    assert spreads["w"]["a"]["hit_rate"] == (0.6, 0.8)
+    assert spreads["w"]["a"]["decision_ms.p99"] == (1.0, 1.4)
+    # A pair some repetition did not run is averaged over the ones that did.
+    assert means["w"]["b"]["hit_rate"] == pytest.approx(0.25) and spreads["w"]["b"]["hit_rate"] == (0.2, 0.3)
+    assert "decision_ms.p50" not in spreads["w"]["b"]
+    assert list(means) == ["w", "v"] and means["v"]["a"]["hit_rate"] == 0.5
+
+
+def test_nan_stays_nan_and_one_row_is_itself() -> None:
+    rows = [summary(0.5, math.nan, {"a": 1}), summary(0.5, 100.0, {"a": 1})]
+    assert math.isnan(mean_row(rows)["ttft_ms"]["p99"])
+    one = summary(0.4, 50.0, {"a": 2, "b": 1})
+    assert mean_row([one])["ttft_ms"] == one["ttft_ms"]
+    assert spread_row([one])["hit_rate"] == (0.4, 0.4)
+    with pytest.raises(ValueError):
+        mean_row([])
+
+
+def test_cell_shows_the_range() -> None:
+    assert cell(1914.2, (1850.0, 2010.4), fmt) == "1,914 (1,850-2,010)"
+    assert cell(1914.2, None, fmt) == "1,914"
+
+
+ORACLE = {"w": OracleResult(1000, 800, 10, 5), "v": OracleResult(100, 50, 1, 1)}
+
+
+def test_repeated_results_files_and_render_only(tmp_path: Path) -> None:
+    config = {"replicas": 2, "time_scale": 1.0, "raw_names": ["t-r1", "t-r2", "t-r3"]}
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for k in (1, 2, 3):
+        (raw / f"t-r{k}.w.a.json").write_text(json.dumps([{"status": 200, "error": "", "ttft_s": 0.1 * k}]))
+    targets = write_results(tmp_path, "t", config, ORACLE, [REP1, REP2, REP3], {"w": {"a": [100.0]}}, ["a"])
+    assert targets == {"a": []}  # no goal is defined for workload "w"
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert len(doc["repetitions"]) == 3 and doc["repetitions"][1] == REP2
+    assert doc["results"]["w"]["a"]["hit_rate"] == pytest.approx(0.7)
+    assert doc["spread"]["w"]["a"]["ttft_ms.p99"] == [1800.0, 2100.0]
+    md = (tmp_path / "t.md").read_text()
+    assert "mean (min-max) of 3 repetitions" in md
+    assert "| w | a | 70.0% (60.0%-80.0%) |" in md
+    assert "1,933 (1,800-2,100)" in md  # TTFT p99
+    for kind in ("ttft", "hit_rate", "ttft_p99", "load"):
+        assert (tmp_path / f"t-{kind}.png").stat().st_size > 0
+    (tmp_path / "t.md").unlink()
+    render_only(tmp_path, "t")
+    assert (tmp_path / "t.md").read_text() == md
+    assert main(["--render-only", "--out-dir", str(tmp_path), "--name", "t"]) == 0
+
+
+def test_one_repetition_has_no_range_and_clairvoyant_table() -> None:
+    rep = {"w": {"prefix-epp": summary(0.6, 1000.0, {"a": 1}), "clairvoyant": summary(0.8, 500.0, {"a": 1})}}
+    means, _ = aggregate([rep])
+    assert "(" not in results_table(means, {"w": 0.8}).split("\n")[3]
+    assert "| w | prefix-epp | 0.75 | 2.00 |" in clairvoyant_table(means)
+    assert clairvoyant_table({"w": {"prefix-epp": rep["w"]["prefix-epp"]}}) == ""  # no reference run
+
+
+def test_default_matrix_and_goal_candidates() -> None:
+    assert DEFAULT_ROUTERS == ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-weighted",
+                               "sglang-router", "clairvoyant")
+    assert candidates_of([*DEFAULT_ROUTERS, "prefix-epp --spill-absolute 2"]) == [
+        "prefix-epp", "prefix-epp-weighted", "prefix-epp --spill-absolute 2"]
+    assert "--repeat 3" in (Path(__file__).parents[2] / "Makefile").read_text()
