@@ -78,9 +78,10 @@ class LatencyConfig:
     # Copying a prefix onto a replica whose cache is full evicts as many tokens of other prefixes;
     # they are charged at this share of their prefill time (0: capacity is ignored).
     eviction_weight: float = 1.0
-    # A replica that served the request's affinity key (prompt_cache_key, session header) wins
-    # when its prediction is within this share of the best.
-    affinity_tolerance: float = 0.1
+    # A replica that served the request's affinity key (prompt_cache_key, session header) is
+    # credited with this share of the request's uncached prefill: the key says the prompt shares
+    # more with that replica's earlier requests than the prefix index can see.
+    affinity_credit: float = 0.5
     calibrate: bool = True  # learn each endpoint's slowdown from vllm:time_to_first_token_seconds
     min_slowdown: float = 0.25
     max_slowdown: float = 8.0

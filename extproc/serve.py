@@ -106,9 +106,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eviction-weight", type=float, default=_L.eviction_weight,
                    help="predicted-ttft: share of the prefill time charged for each token of other prefixes a "
                         "copy evicts from a full cache (0: ignore capacity)")
-    g.add_argument("--affinity-tolerance", type=float, default=_L.affinity_tolerance,
-                   help="predicted-ttft: an endpoint that served the request's affinity key wins when within "
-                        "this share of the best prediction")
+    g.add_argument("--affinity-credit", type=float, default=_L.affinity_credit,
+                   help="predicted-ttft: an endpoint that served the request's affinity key is credited with "
+                        "this share of the request's uncached prefill time")
     _bool_flag(g, "--ttft-calibration", _L.calibrate,
                "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram")
     _bool_flag(g, "--affinity-hints", _A.enabled, "treat requests with the same prompt_cache_key (else the same "
@@ -165,7 +165,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
         scheduler=args.scheduler,
         latency=replace(_L, prefill_ms_per_token=args.prefill_ms_per_token, eviction_weight=args.eviction_weight,
-                        affinity_tolerance=args.affinity_tolerance, calibrate=args.ttft_calibration),
+                        affinity_credit=args.affinity_credit, calibrate=args.ttft_calibration),
         seed=args.seed,
         model_names=tuple(n.strip() for n in args.model_names.split(",") if n.strip()),
         kv_events=_kv_events_from_args(args),

@@ -67,7 +67,7 @@ RULES = (
     Rule("--inflight-weight", "weights.inflight", 0),
     Rule("--prefill-ms-per-token", "latency.prefill_ms_per_token", 0, lo_open=True),
     Rule("--eviction-weight", "latency.eviction_weight", 0),
-    Rule("--affinity-tolerance", "latency.affinity_tolerance", 0),
+    Rule("--affinity-credit", "latency.affinity_credit", 0),
     Rule("--kv-events-port", "kv_events.port", 1, 65535),
     Rule("--kv-events-replay-port", "kv_events.replay_port", 0, 65535),
     Rule("--kv-events-dp-size", "kv_events.dp_size", 1),
@@ -90,7 +90,7 @@ RULES = (
 PARAMETER_FLAGS = ("--prefix-block-size", "--prefix-max-blocks", "--prefix-lru-capacity", "--spill-relative",
                    "--spill-absolute", "--max-endpoints", "--kv-events-block-size", "--kv-events-max-blocks",
                    "--kv-events-index-capacity", "--kv-events-speculative-ttl", "--prefill-ms-per-token",
-                   "--eviction-weight", "--affinity-tolerance")
+                   "--eviction-weight", "--affinity-credit")
 # Flags that only shape the built-in profile.
 PROFILE_FLAGS = (("--prefix-weight", "weights.prefix"), ("--inflight-weight", "weights.inflight"),
                  ("--prefix-scorer", "kv_events.prefix_scorer"), ("--scheduler", "scheduler"))

@@ -19,7 +19,7 @@ Plugin types and parameters (every default comes from EppConfig, i.e. from the C
 | precise-prefix-cache-scorer | scorer | blockSize (engine tokens), maxPrefixBlocksToMatch, |
 | | | lruCapacityPerServer, speculativeTTL (Go duration) -> kv_events; turns KV events on |
 | queue-scorer, kv-cache-utilization-scorer, lora-affinity-scorer, inflight-load-scorer | scorer | - |
-| predicted-ttft-scorer | scorer | prefillMsPerToken, evictionWeight, affinityTolerance, calibrate -> latency |
+| predicted-ttft-scorer | scorer | prefillMsPerToken, evictionWeight, affinityCredit, calibrate -> latency |
 | hot-spot-spill-filter | filter | relative, absolute -> spill |
 | max-score-picker | picker | maxNumOfEndpoints -> max_endpoints |
 | utilization-detector | detector (a filter in a profile) | queueDepthThreshold, kvCacheUtilThreshold, |
@@ -170,7 +170,7 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
     "predicted-ttft-scorer": {
         "prefillMsPerToken": Param(_num(0, lo_open=True), _set("latency", "prefill_ms_per_token")),
         "evictionWeight": Param(_num(0), _set("latency", "eviction_weight")),
-        "affinityTolerance": Param(_num(0), _set("latency", "affinity_tolerance")),
+        "affinityCredit": Param(_num(0), _set("latency", "affinity_credit")),
         "calibrate": Param(_bool, _set("latency", "calibrate")),
     },
     "hot-spot-spill-filter": {

@@ -47,7 +47,7 @@ def test_prefix_scorer_counts_the_key_as_one_more_leading_block() -> None:
 
 def test_same_key_different_prompts_land_together_when_loads_are_equal() -> None:
     ds = make_ds(4)
-    sched = default_scheduler(EppConfig(seed=5), PrefixIndex(10000))
+    sched = default_scheduler(EppConfig(seed=5, scheduler="weighted"), PrefixIndex(10000))
     rng = random.Random(1)
     places: Counter[str] = Counter()
     for k in range(40):
@@ -67,7 +67,7 @@ def test_same_key_different_prompts_land_together_when_loads_are_equal() -> None
 def test_other_keys_still_match_the_same_prompt_blocks() -> None:
     ds = make_ds(4)
     ix = PrefixIndex(10000)
-    sched = default_scheduler(EppConfig(seed=2), ix)
+    sched = default_scheduler(EppConfig(seed=2, scheduler="weighted"), ix)
     prompt = b"a long shared system prompt " * 40
     first = sched.schedule(req(prompt, "alice"), ds.snapshot())
     second = sched.schedule(req(prompt, "bob"), ds.snapshot())
@@ -82,7 +82,7 @@ def test_other_keys_still_match_the_same_prompt_blocks() -> None:
 def test_reassign_moves_the_key_to_the_endpoint_that_served() -> None:
     ds = make_ds(3)
     ix = PrefixIndex(10000)
-    sched = default_scheduler(EppConfig(seed=4, max_endpoints=2), ix)
+    sched = default_scheduler(EppConfig(seed=4, max_endpoints=2, scheduler="weighted"), ix)
     h = affinity_hash("m", "", "conv-1")
     d = sched.schedule(req(b"p" * 300, "conv-1"), ds.snapshot())
     primary, fallback = d.endpoints
@@ -99,7 +99,7 @@ def test_reassign_moves_the_key_to_the_endpoint_that_served() -> None:
 
 def test_explain_reports_hit_or_miss_never_the_key() -> None:
     ds = make_ds(2)
-    sched = default_scheduler(EppConfig(seed=1), PrefixIndex(10000))
+    sched = default_scheduler(EppConfig(seed=1, scheduler="weighted"), PrefixIndex(10000))
     assert "affinity" not in sched.schedule(req(b"z" * 100), ds.snapshot()).explain()
     miss = sched.schedule(req(b"z" * 100, "secret-key"), ds.snapshot()).explain()
     hit = sched.schedule(req(b"y" * 100, "secret-key"), ds.snapshot()).explain()

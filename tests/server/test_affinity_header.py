@@ -31,7 +31,7 @@ def response_headers() -> pb.ProcessingRequest:
 
 
 async def test_session_header_keeps_a_conversation_on_its_endpoint(caplog: pytest.LogCaptureFixture) -> None:
-    app = make_app(4)
+    app = make_app(4, scheduler="weighted")  # the weighted rule: a key holder wins equal loads
     secret = "session-7f3a-private"
     session = [("x-session-id", secret)]
     path = "/v1/chat/completions"

@@ -16,7 +16,9 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    is copied once the queue on its holders outweighs the prefill AND the recompute it displaces,
    and spreads only onto as many replicas as its load needs.
 4. Affinity hints (prompt_cache_key, session header): an endpoint in `request.affinity_match`
-   has its cost divided by 1 + affinity_tolerance, so it wins near-ties and never a clear loss.
+   is credited with affinity_credit (0.5) of this request's uncached prefill time there: the key
+   says the prompt shares more with that endpoint's earlier requests than the index can see, so
+   the endpoint keeps the key until its queue costs more than that share of a prefill.
 5. score(e) = min cost / cost(e): 1 for the best, in (0, 1] for the rest; the max-score picker
    then takes the least cost (random among equals). Each candidate's prediction is kept in
    `request.predictions` for --explain-decisions.
@@ -42,8 +44,8 @@ class PredictedTtftScorer:
     def __init__(self, config: EppConfig, clock: Callable[[], float] = time.monotonic,
                  index: PrefixIndex | None = None) -> None:
         self.config = config.latency
-        if self.config.eviction_weight < 0 or self.config.affinity_tolerance < 0:
-            raise ValueError("latency: eviction_weight and affinity_tolerance must be >= 0")
+        if self.config.eviction_weight < 0 or self.config.affinity_credit < 0:
+            raise ValueError("latency: eviction_weight and affinity_credit must be >= 0")
         self.block_size_bytes = config.prefix.block_size_bytes
         self.model = LatencyModel(config.latency, config.prefix.bytes_per_token, clock)
         self.index = index
@@ -87,11 +89,13 @@ class PredictedTtftScorer:
                 cost += (c.eviction_weight * self._fullness(ep) * (most - hit)
                          * c.prefill_ms_per_token * w.slowdown)
             if ep.key in request.affinity_match:
-                cost /= 1.0 + c.affinity_tolerance
+                cost -= c.affinity_credit * uncached * c.prefill_ms_per_token * w.slowdown
             predictions[ep.key] = (ttft, uncached)
             costs.append(cost)
-        best = min(costs, default=0.0)
-        return [best / cost if cost > 0 else 1.0 for cost in costs]
+        floor = max(c.overhead_ms, 1e-3)  # a credit never makes a cost vanish or turn negative
+        costs = [max(cost, floor) for cost in costs]
+        best = min(costs, default=floor)
+        return [best / cost for cost in costs]
 
     # -- PickObserver ----------------------------------------------------------------------------
     def picked(self, request: SchedulingRequest, chosen: Endpoint) -> None:
