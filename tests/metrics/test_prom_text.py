@@ -58,6 +58,10 @@ def test_vllm_extraction_sums_engines_and_takes_the_newest_lora_series() -> None
     assert m.running_loras == {"new1", "new2"} and m.waiting_loras == {"w"} and m.max_lora == 4
     assert m.model_names == {"m"}
     assert m.ok and m.updated_at == 12.5
+    # The latency model's counters: TTFT histogram (3 engines x 20 observations) and prompt tokens.
+    assert m.ttft_count == 60.0 and 0 < m.ttft_sum_s < 60.0 and m.prompt_tokens == 12345.0
+    bare = parse_vllm_metrics(exposition(1, 1, with_noise=False), now=1.0)
+    assert bare.ttft_count == -1.0 and bare.prompt_tokens == -1.0  # not exported: no calibration
 
 
 def test_v0_kv_name_is_a_fallback_and_no_load_metric_is_an_error() -> None:

@@ -1,0 +1,163 @@
+"""The token-aware load estimate (extproc/scheduling/latency.py) against hand-computed sequences."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.config import LatencyConfig
+from extproc.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.scheduling.latency import LatencyModel
+
+# Round numbers: 0.1 ms per token (10 tokens per ms), overhead 10 ms, 0.5 ms per running sequence
+# per step, 1,000 tokens per step.
+CONFIG = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.5, step_tokens=1000)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def one_endpoint() -> tuple[Datastore, Endpoint]:
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
+    return ds, ds.snapshot()[0]
+
+
+def scrape(ds: Datastore, ep: Endpoint, at: float, *, waiting: float = 0, running: float = 0,
+           ttft: tuple[float, float] = (0.0, -1.0)) -> None:
+    ds.set_metrics(ep.key, ModelServerMetrics(waiting=waiting, running=running, ttft_sum_s=ttft[0],
+                                              ttft_count=ttft[1], updated_at=at, ok=True))
+
+
+def test_backlog_grows_with_routed_work_and_drains_at_the_prefill_rate() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    model.routed(ep, 3000, 310.0, clock.now)
+    model.routed(ep, 1000, 410.0, clock.now)
+    assert model.work(ep, clock.now).backlog == 4000
+    clock.now += 0.1  # 100 ms at 10 tokens/ms
+    assert model.work(ep, clock.now).backlog == pytest.approx(3000)
+    clock.now += 1.0  # 1,000 ms: more than what is left
+    assert model.work(ep, clock.now).backlog == 0.0
+    model.routed(ep, 500, 60.0, clock.now)
+    w = model.work(ep, clock.now)
+    # ttft = overhead + (backlog + uncached) x ms/token + ceil(work / step) x decode x running (load 0 here)
+    assert model.base_ttft_ms(ep, w, 2000) == pytest.approx(10 + 2500 * 0.1)
+    ds.acquire(ep.key)
+    ds.acquire(ep.key)  # two sequences in flight, three steps of 1,000 tokens
+    assert model.base_ttft_ms(ep, w, 2000) == pytest.approx(10 + 250 + 3 * 0.5 * 2)
+
+
+def test_scrapes_bound_the_backlog_both_ways() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    model.routed(ep, 5000, 0.0, clock.now)
+    scrape(ds, ep, clock.now, waiting=0, running=0)  # idle engine: only what was routed since counts
+    assert model.work(ep, clock.now).backlog == 5000  # routed since the previous scrape: kept
+    model.routed(ep, 200, 0.0, clock.now)
+    clock.now += 0.001
+    scrape(ds, ep, clock.now, waiting=0, running=0)
+    assert model.work(ep, clock.now).backlog == pytest.approx(200)  # 5,190 believed, idle says <= 200
+    # Waiting requests the model thought done: at least waiting x mean uncached of the routed ones.
+    clock.now += 10.0
+    assert model.work(ep, clock.now).backlog == 0.0
+    mean = model.work(ep, clock.now).mean_uncached  # 0.2 x 5000 -> 1000, then + 0.2 x (200 - 1000) = 840
+    assert mean == pytest.approx(840)
+    scrape(ds, ep, clock.now, waiting=3, running=1)
+    assert model.work(ep, clock.now).backlog == pytest.approx(3 * 840)
+
+
+def test_slowdown_is_learned_from_the_engine_ttft_histogram() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    scrape(ds, ep, clock.now, ttft=(1.0, 10))  # first sight: the window starts here
+    model.work(ep, clock.now)
+    for _ in range(4):
+        model.routed(ep, 0, 100.0, clock.now)  # predicted 100 ms each (base)
+    clock.now += 0.05
+    scrape(ds, ep, clock.now, ttft=(1.0 + 8 * 0.3, 18))  # 8 first tokens at 300 ms: 3x slower
+    assert model.work(ep, clock.now).slowdown == pytest.approx(1 + 0.2 * (3 - 1))  # 1.4
+    # Too few first tokens: no update, the window stays open.
+    for _ in range(4):
+        model.routed(ep, 0, 100.0, clock.now)
+    clock.now += 0.05
+    scrape(ds, ep, clock.now, ttft=(3.4 + 2 * 0.3, 20))
+    assert model.work(ep, clock.now).slowdown == pytest.approx(1.4)
+    # An engine restart (counter reset) starts a new window instead of a negative ratio.
+    clock.now += 0.05
+    scrape(ds, ep, clock.now, ttft=(0.1, 1))
+    assert model.work(ep, clock.now).slowdown == pytest.approx(1.4)
+    # A slower endpoint drains its backlog more slowly: 1 / (0.1 x 1.4) tokens per ms.
+    model.routed(ep, 1400, None, clock.now)
+    clock.now += 0.07
+    assert model.work(ep, clock.now).backlog == pytest.approx(1400 - 70 / 0.14)
+
+
+def test_slowdown_is_clamped() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(LatencyConfig(min_slowdown=0.5, max_slowdown=2.0), bytes_per_token=4, clock=clock)
+    scrape(ds, ep, clock.now, ttft=(0.0, 0))
+    model.work(ep, clock.now)
+    for _ in range(20):
+        for _ in range(4):
+            model.routed(ep, 0, 1.0, clock.now)
+        clock.now += 0.05
+        m = ep.metrics
+        assert m is not None
+        scrape(ds, ep, clock.now, ttft=(m.ttft_sum_s + 8 * 10.0, m.ttft_count + 8))  # 10 s each
+        model.work(ep, clock.now)
+    assert model.work(ep, clock.now).slowdown == 2.0
+
+
+def test_a_prefix_still_prefilling_does_not_count_as_cached() -> None:
+    clock = Clock()
+    _ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    family = 42
+    # 2,500 new tokens of a prefix: more than one engine step (1,000 tokens).
+    model.routed(ep, 2500, 0.0, clock.now, family=family, cached=0)
+    w = model.work(ep, clock.now)
+    assert model.computed(w, family, 2400) == 0  # a request now would prefill alongside it
+    assert model.computed(w, 7, 2400) == 2400  # another family is not affected
+    clock.now += 0.16  # 1,600 tokens done, 900 left: it ends within the current step
+    assert model.computed(model.work(ep, clock.now), family, 2400) == 2400
+    # Queued far enough behind: admitted only after the prefix is computed.
+    model.routed(ep, 2500, 0.0, clock.now, family=family, cached=300)
+    w = model.work(ep, clock.now)
+    assert model.computed(w, family, 2400) == 300  # only what it found cached counts
+    model.routed(ep, 1000, 0.0, clock.now, family=99)
+    assert model.computed(model.work(ep, clock.now), family, 2400) == 2400
+    clock.now += 10.0
+    assert model.computed(model.work(ep, clock.now), family, 2400) == 2400
+    assert family not in model.work(ep, clock.now).pending  # done: forgotten
+
+
+def test_state_is_bounded_by_the_pool() -> None:
+    clock = Clock()
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000 + i) for i in range(10)])
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    eps = ds.snapshot()
+    for ep in eps:
+        model.work(ep, clock.now)
+    model.forget_others(eps[:3])
+    assert len(model) == 3
+    w = model.work(eps[0], clock.now)
+    for family in range(1000):
+        model.routed(eps[0], 10, None, clock.now, family=family)
+    assert len(w.pending) == 256
+
+
+def test_invalid_priors_are_refused() -> None:
+    with pytest.raises(ValueError):
+        LatencyModel(LatencyConfig(prefill_ms_per_token=0), 4, Clock())
+    with pytest.raises(ValueError):
+        LatencyModel(LatencyConfig(min_slowdown=2.0), 4, Clock())

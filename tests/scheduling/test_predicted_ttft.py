@@ -1,0 +1,154 @@
+"""predicted-ttft-scorer in the default profile: constructed cases with known answers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from extproc.config import EppConfig, LatencyConfig
+from extproc.datastore import Datastore, Endpoint, EndpointSpec
+from extproc.prefix.hashing import block_hashes
+from extproc.prefix.index import PrefixIndex
+from extproc.scheduling.build import build_scheduler, default_profile
+from extproc.scheduling.interfaces import SchedulingRequest
+from extproc.scheduling.scheduler import Scheduler
+from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
+
+LATENCY = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0, step_tokens=1000,
+                        calibrate=False)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pool(n: int) -> list[Endpoint]:
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i + 1}", 8000) for i in range(n)])
+    return list(ds.snapshot())
+
+
+def request(text: bytes, rid: str = "r", key: int | None = None) -> SchedulingRequest:
+    # 4 bytes per token: len(text) / 4 tokens.
+    return SchedulingRequest(request_id=rid, model="m", block_hashes=block_hashes([text], "m", max_blocks=4096),
+                             prompt_bytes=len(text), affinity_hash=key)
+
+
+def scheduler(clock: Clock, index: PrefixIndex | None = None, **latency: object) -> Scheduler:
+    cfg = EppConfig(seed=1, latency=replace(LATENCY, **latency))  # type: ignore[arg-type]
+    return build_scheduler(cfg, index or PrefixIndex(100_000), clock=clock)
+
+
+def ttft_scorer(s: Scheduler) -> PredictedTtftScorer:
+    scorer = s.scorers[0].scorer
+    assert isinstance(scorer, PredictedTtftScorer)
+    return scorer
+
+
+def test_default_profile_is_predicted_ttft_and_weighted_stays_available() -> None:
+    assert default_profile(EppConfig()).scorers == (("predicted-ttft-scorer", 1.0),)
+    assert default_profile(EppConfig()).filters == ()
+    weighted = default_profile(EppConfig(scheduler="weighted"))
+    assert weighted.filters == ("hot-spot-spill-filter",) and weighted.scorers[0] == ("prefix-cache-scorer", 5.0)
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        default_profile(EppConfig(scheduler="fastest"))
+
+
+def test_warm_replica_with_a_long_queue_loses_to_an_idle_cold_one() -> None:
+    clock = Clock()
+    a, b = pool(2)
+    s = scheduler(clock)
+    system = b"S" * 16000  # 4,000 tokens
+    first = s.schedule(request(system + b"q0" * 200, "r0"), [a, b]).primary
+    clock.now += 10.0  # its prefill is long done
+    # A short queue on the warm replica: 400 uncached tokens there beat 4,100 anywhere else.
+    d = s.schedule(request(system + b"q1" * 200, "r1"), [a, b])
+    assert d.primary is first
+    warm, cold = d.request.predictions[first.key], d.request.predictions[(b if first is a else a).key]  # type: ignore[union-attr]
+    assert warm[1] == pytest.approx(100) and cold[1] == pytest.approx(4100)
+    assert warm[0] == pytest.approx(10 + 0.1 * 100) and cold[0] == pytest.approx(10 + 0.1 * 4100)
+    # Now pile 60,000 unrelated tokens onto the warm replica: waiting there costs more than a cold prefill.
+    other = b if first is a else a
+    ttft_scorer(s).model.routed(first, 60_000, None, clock.now)
+    d = s.schedule(request(system + b"q2" * 200, "r2"), [a, b])
+    assert d.primary is other
+    explained = d.explain()
+    assert f"predicted_ttft_ms={other.key}:420.0,{first.key}:6030.0" in explained  # r1 still queued: 100 + 60,000 + 100
+
+
+def test_a_burst_of_a_new_prefix_spreads_while_its_first_prefill_runs() -> None:
+    """The first request's blocks are not computed until its prefill ends; requests arriving
+    meanwhile would recompute them anyway, so they go where the queue is shortest."""
+    clock = Clock()
+    eps = pool(4)
+    s = scheduler(clock)
+    system = b"B" * 24000  # 6,000 tokens, more than one 1,000-token step
+    chosen = [s.schedule(request(system + b"%02d" % i * 50, f"r{i}"), eps).primary for i in range(4)]
+    assert len({ep.key for ep in chosen}) == 4
+    clock.now += 10.0  # all computed: the prefix is held four times, the next one goes to any of them warm
+    d = s.schedule(request(system + b"late" * 25, "late"), eps)
+    assert d.request is not None and d.request.predictions[d.primary.key][1] == pytest.approx(25)
+
+
+def test_copying_a_prefix_onto_a_full_cache_is_charged_for_what_it_evicts() -> None:
+    clock = Clock()
+    a, b = pool(2)
+    system = b"E" * 8000  # 2,000 tokens = 125 index blocks of 64 bytes
+    for eviction_weight, expected in ((0.0, "b"), (1.0, "a")):
+        index = PrefixIndex(130)
+        s = scheduler(clock, index, eviction_weight=eviction_weight)
+        index.record(a.key, request(system).block_hashes)  # a holds the prefix, its cache is full
+        index.record(b.key, request(b"F" * 8000).block_hashes)  # so is b's, with another prefix
+        # a's queue: 2,300 tokens; b is idle. Without the charge b wins (10 + 210 < 10 + 240);
+        # with it, copying 2,000 tokens onto b costs 200 ms more: a wins.
+        ttft_scorer(s).model.routed(a, 2300, None, clock.now)
+        d = s.schedule(request(system + b"x" * 400, f"w{eviction_weight}"), [a, b])
+        assert d.primary is (a if expected == "a" else b)
+        clock.now += 100.0
+
+
+def test_fullness_comes_from_the_prefix_index() -> None:
+    clock = Clock()
+    a, b = pool(2)
+    index = PrefixIndex(100)
+    scorer = ttft_scorer(scheduler(clock, index))
+    index.record(a.key, list(range(50)))
+    assert scorer._fullness(a) == 0.5 and scorer._fullness(b) == 0.0
+
+
+def test_affinity_credit_keeps_a_key_on_its_endpoint_until_its_queue_costs_more() -> None:
+    clock = Clock()
+    a, b = pool(2)
+    index = PrefixIndex(100_000)
+    s = scheduler(clock, index)
+    key = 0xABC
+    index.record(a.key, [key])
+    prompt = b"P" * 8000  # 2,000 tokens, nothing shared with earlier requests
+    scorer = ttft_scorer(s)
+    scorer.model.routed(a, 900, None, clock.now)  # a: 900 tokens queued
+    req = request(prompt, "k1", key=key)
+    # a: 10 + 290 - 0.5 x 200 = 200; b: 10 + 200 = 210 -> a
+    assert s.schedule(req, [a, b]).primary is a
+    assert req.affinity_match == frozenset({a.key})
+    clock.now += 100.0
+    scorer.model.routed(a, 1100, None, clock.now)  # a: 1,100 queued -> 10 + 310 - 100 = 220 > 210 -> b
+    assert s.schedule(request(b"Q" * 8000, "k2", key=key), [a, b]).primary is b
+
+
+def test_a_fallback_that_served_takes_the_backlog() -> None:
+    clock = Clock()
+    a, b = pool(2)
+    s = scheduler(clock)
+    d = s.schedule(request(b"Z" * 4000, "f"), [a, b])
+    other = b if d.primary is a else a
+    model = ttft_scorer(s).model
+    assert model.work(d.primary, clock.now).backlog == pytest.approx(1000)
+    s.reassign(d, other)
+    assert model.work(d.primary, clock.now).backlog == 0.0
+    assert model.work(other, clock.now).backlog == pytest.approx(1000)
+    assert d.predicted_ms == pytest.approx(10 + 100)
