@@ -11,29 +11,33 @@ event loop without an await in between, so a request sees every earlier one alre
 Responses are the replica's (same streaming), with `x-served-by: <chosen replica address>`.
 GET /health answers 200 once every replica is ready.
 
-Prediction on one replica (model milliseconds; `SimConfig` supplies every constant)::
+Prediction on one replica (model milliseconds; `SimConfig` supplies every constant): a dry run
+of the replica's own scheduler (extproc/sim/engine.py) from its state now, with the request
+appended to the waiting queue. Step by step, the step's token budget (max_num_batched_tokens
+less one token per decoding request) goes to the prefill still owed by admitted requests in
+order, then admits waiting ones while budget remains; a request's cached tokens are fixed at its
+admission: the leading blocks held by the KV cache now or by a request whose prefill completed in
+an earlier step (chained hashes: the longest of those runs), at most (prompt_tokens - 1) //
+block_size blocks, as vLLM and the engine count them. Each step costs what the engine charges::
 
-    cached  = leading prompt blocks in its KV cache now (`KVCache.match_prefix`, which leaves the
-              LRU order alone), at most (prompt_tokens - 1) // block_size, times block_size
-    ahead   = prefill_left of running requests + uncached tokens of waiting requests (each
-              matched against the cache as it is now)
-    work    = ahead + prompt_tokens - cached                     (FIFO: ahead is prefilled first)
-    decodes = running requests past their prefill
-    steps   = ceil(work / (max_num_batched_tokens - decodes))    (chunked prefill budget)
-    ttft    = steps * (inter_token_latency + prefill_overhead + decode_time_per_seq * decodes)
-              + prefill_time_per_token * work
+    step = inter_token_latency + decode_time_per_seq x (sequences in the step - 1)
+           + prefill_overhead + prefill_time_per_token x prefill tokens
 
-It ignores what it cannot know exactly without simulating ahead: requests finishing (and their
-blocks being stored) before this one is scheduled, and admission stalls on a full KV cache.
+and TTFT is the end of the step in which the request's prefill completes. So a request arriving
+while another one still computes the same prefix is predicted to miss it if it would be admitted
+alongside, and to hit it if it queues long enough: the true outcome, which only a router that
+sees the engine's queue can know. It leaves out what it cannot know without running the
+requests: decodes ending (fewer sequences per step), evictions and admission stalls on a full
+KV cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import random
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -48,28 +52,77 @@ log = logging.getLogger(__name__)
 _SERVED_BY_KEY = web.RequestKey("clairvoyant_served_by", str)  # the chosen replica's address
 
 
-def _cached_tokens(engine: Engine, hashes: Sequence[int], prompt_len: int) -> int:
+def _run(a: Sequence[int], b: Sequence[int]) -> int:
+    """Leading blocks two chained-hash lists share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _cached_tokens(engine: Engine, hashes: Sequence[int], prompt_len: int,
+                   computed: Sequence[Sequence[int]] = ()) -> int:
     bs = engine.cache.block_size
-    return min(engine.cache.match_prefix(hashes), (prompt_len - 1) // bs) * bs
+    blocks = max([engine.cache.match_prefix(hashes), *(_run(hashes, c) for c in computed)])
+    return min(blocks, (prompt_len - 1) // bs) * bs
 
 
 def queued_prefill_tokens(engine: Engine) -> int:
-    """Prompt tokens the replica must still compute for the requests it already holds."""
+    """Prompt tokens the replica must still compute for the requests it already holds (cache as now)."""
     ahead = sum(r.prefill_left for r in engine.running if not r.aborted)
     for r in engine.waiting:
         ahead += len(r.prompt_tokens) - _cached_tokens(engine, r.prompt_hashes, len(r.prompt_tokens))
     return ahead
 
 
+@dataclass(slots=True)
+class _Job:
+    left: int  # prompt tokens still to prefill
+    hashes: Sequence[int]
+    ours: bool = False
+
+
 def predict_ttft_ms(engine: Engine, hashes: Sequence[int], prompt_len: int) -> float:
     """Predicted TTFT (model ms) of a prompt with these block hashes if queued on `engine` now."""
     cfg: SimConfig = engine.config
-    work = queued_prefill_tokens(engine) + prompt_len - _cached_tokens(engine, hashes, prompt_len)
-    decodes = sum(1 for r in engine.running if r.prefill_left == 0 and not r.aborted)
-    budget = max(1, cfg.max_num_batched_tokens - decodes)
-    steps = max(1, math.ceil(work / budget))
-    per_step = cfg.inter_token_latency + cfg.prefill_overhead + cfg.decode_time_per_seq * decodes
-    return steps * per_step + cfg.prefill_time_per_token * work
+    live = [r for r in engine.running if not r.aborted]
+    decodes = sum(1 for r in live if r.prefill_left == 0)
+    admitted = [_Job(r.prefill_left, r.prompt_hashes) for r in live if r.prefill_left > 0]
+    waiting: list[tuple[Sequence[int], int, bool]] = [
+        (r.prompt_hashes, len(r.prompt_tokens), False) for r in engine.waiting]
+    waiting.append((hashes, prompt_len, True))
+    computed: list[Sequence[int]] = []  # prompts whose prefill completed in an earlier step
+    elapsed = 0.0
+    while True:
+        budget = max(1, cfg.max_num_batched_tokens - decodes)
+        tokens = seqs = 0
+        done: list[_Job] = []
+        for job in admitted:
+            if budget <= 0:
+                break
+            if job.left > 0:
+                chunk = min(job.left, budget)
+                job.left -= chunk
+                budget, tokens, seqs = budget - chunk, tokens + chunk, seqs + 1
+                if job.left == 0:
+                    done.append(job)
+        while budget > 0 and waiting:
+            w_hashes, w_len, ours = waiting.pop(0)
+            job = _Job(w_len - _cached_tokens(engine, w_hashes, w_len, computed), w_hashes, ours)
+            chunk = min(job.left, budget)
+            job.left -= chunk
+            budget, tokens, seqs = budget - chunk, tokens + chunk, seqs + 1
+            admitted.append(job)
+            if job.left == 0:
+                done.append(job)
+        elapsed += (cfg.inter_token_latency + cfg.decode_time_per_seq * max(0, decodes + seqs - 1)
+                    + cfg.prefill_overhead + cfg.prefill_time_per_token * tokens)
+        if any(job.ours for job in done):
+            return elapsed
+        computed.extend(job.hashes for job in done)
+        admitted = [job for job in admitted if job.left > 0]
 
 
 class Clairvoyant:

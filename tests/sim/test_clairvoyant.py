@@ -90,8 +90,23 @@ def test_queued_work_counts_waiting_uncached_and_running_prefill() -> None:
     assert queued_prefill_tokens(engine) == (2000 - 1600) + 1000 + 1200
     prompt = tokens(300_000, 500)
     work = 400 + 1000 + 1200 + 500
-    # Two running requests, one of them decoding: one extra sequence per step.
-    assert predict_ttft_ms(engine, hashes_of(engine, prompt), 500) == pytest.approx(8.0 + 2.0 + 0.15 + 0.06 * work)
+    # One step: the decoding request, the running prefill, both waiting ones and ours (5 sequences).
+    assert predict_ttft_ms(engine, hashes_of(engine, prompt), 500) == pytest.approx(8.0 + 2.0 + 0.15 * 4 + 0.06 * work)
+
+
+def test_a_prefix_still_computing_is_missed_alongside_and_hit_after() -> None:
+    """Blocks are cached when their prefill completes: a request admitted in the same step as
+    the one computing its prefix misses it; one admitted a step later hits it."""
+    engine = replica(0).engine
+    system = tokens(1, 6000)
+    waiting(engine, system + tokens(10_000, 1200))  # 7,200 tokens: one step, 992 tokens of budget left
+    prompt = system + tokens(20_000, 1200)
+    alongside = 8.0 + 2.0 + 0.15 + 0.06 * 8192 + 8.0 + 2.0 + 0.06 * (7200 - 992)
+    assert predict_ttft_ms(engine, hashes_of(engine, prompt), len(prompt)) == pytest.approx(alongside)
+    waiting(engine, tokens(30_000, 992))  # fills the first step: ours is admitted in the second
+    hit = 6000 // 16 * 16
+    after = 8.0 + 2.0 + 0.15 + 0.06 * 8192 + 8.0 + 2.0 + 0.06 * (7200 - hit)
+    assert predict_ttft_ms(engine, hashes_of(engine, prompt), len(prompt)) == pytest.approx(after)
 
 
 def test_a_long_queue_on_the_warm_replica_loses_to_an_idle_cold_one() -> None:
