@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from extproc.config import EppConfig, LatencyConfig
-from extproc.datastore import Datastore, Endpoint, EndpointSpec
+from extproc.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
 from extproc.prefix.hashing import block_hashes
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler, default_profile
@@ -119,6 +119,9 @@ def test_fullness_comes_from_the_prefix_index() -> None:
     scorer = ttft_scorer(scheduler(clock, index))
     index.record(a.key, list(range(50)))
     assert scorer._fullness(a) == 0.5 and scorer._fullness(b) == 0.0
+    b.metrics = ModelServerMetrics(kv_usage=0.75, ok=True)  # running requests hold 75 % of b's blocks
+    a.metrics = ModelServerMetrics(kv_usage=0.25, ok=True)
+    assert scorer._fullness(a) == 0.5 and scorer._fullness(b) == 0.75
 
 
 def test_affinity_credit_keeps_a_key_on_its_endpoint_until_its_queue_costs_more() -> None:

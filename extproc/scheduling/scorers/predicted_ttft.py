@@ -12,7 +12,8 @@ For each candidate e (extproc/scheduling/latency.py for the model):
 3. Capacity: copying a prefix that another candidate already holds evicts as many tokens of
    other prefixes once e's cache is full. cost(e) = ttft(e) + eviction_weight x fullness(e) x
    (max cached - cached(e)) x prefill_ms_per_token x slowdown(e), with fullness(e) = blocks the
-   prefix index holds for e / its capacity (tuned from the engine's num_gpu_blocks). So a prefix
+   prefix index holds for e / its capacity (tuned from the engine's num_gpu_blocks), or the
+   engine's vllm:kv_cache_usage_perc when higher. So a prefix
    is copied once the queue on its holders outweighs the prefill AND the recompute it displaces,
    and spreads only onto as many replicas as its load needs.
 4. Affinity hints (prompt_cache_key, session header): an endpoint in `request.affinity_match`
@@ -62,9 +63,13 @@ class PredictedTtftScorer:
         return min(tokens, self.model.prompt_tokens(0, matched_bytes))
 
     def _fullness(self, ep: Endpoint) -> float:
-        if self.index is None:
-            return 0.0
-        return min(self.index.held_by(ep.key) / self.index.capacity(ep.key), 1.0)
+        """How full e's cache is: the prefix index's share of its capacity, or the engine's own
+        vllm:kv_cache_usage_perc (blocks held by running requests) when that is higher."""
+        m = ep.metrics
+        used = m.kv_usage if m is not None and m.ok else 0.0
+        if self.index is not None:
+            used = max(used, self.index.held_by(ep.key) / self.index.capacity(ep.key))
+        return min(used, 1.0)
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         now = self._clock()
