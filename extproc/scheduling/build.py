@@ -1,6 +1,18 @@
 """Build the scheduler from EppConfig and, optionally, a Profile from an EndpointPickerConfig.
 
-Default profile (no --config-file / --config-text):
+Built-in profiles (no --config-file / --config-text), chosen by --scheduler (EppConfig.scheduler):
+
+predicted-ttft (the default):
+
+    scorers:  predicted-ttft-scorer          weight 1  (extproc/scheduling/scorers/predicted_ttft.py)
+    picker:   max-score-picker               --max-endpoints results (default 1)
+
+i.e. the endpoint with the least predicted time to first token, which weighs cache affinity,
+token-aware load and cache capacity in one unit (milliseconds) instead of adding scores of
+incomparable quantities. It is the default because it kept every workload of `make bench` at or
+above the weighted profile (README, "Benchmark"), most of all where request counts mislead.
+
+weighted (the Go EPP's weighted sum, our default before predicted TTFT):
 
     filters:  hot-spot-spill-filter          (relative 1.5, absolute 4; --spill-relative/--spill-absolute)
     scorers:  prefix-cache-scorer            weight 5  (--prefix-weight)

@@ -155,3 +155,25 @@ def test_a_fallback_that_served_takes_the_backlog() -> None:
     assert model.work(d.primary, clock.now).backlog == 0.0
     assert model.work(other, clock.now).backlog == pytest.approx(1000)
     assert d.predicted_ms == pytest.approx(10 + 100)
+
+
+def test_a_family_keeps_its_home_after_the_index_forgot_it() -> None:
+    """Under cache pressure the index forgets a prefix first; sending its family elsewhere would
+    copy it into a second full cache, so the home keeps the charge-free claim."""
+    clock = Clock()
+    a, b = pool(2)
+    index = PrefixIndex(130)
+    s = scheduler(clock, index)
+    system = b"H" * 8000  # 2,000 tokens, 125 index blocks
+    first = s.schedule(request(system + b"a" * 40, "h0"), [a, b]).primary
+    other = b if first is a else a
+    clock.now += 10.0
+    assert s.schedule(request(system + b"b" * 40, "h1"), [a, b]).primary is first  # 2,000 tokens shared
+    index.remove_endpoint(first.key)  # the index forgot the family everywhere...
+    index.record(first.key, list(range(130)))  # ...both caches are full of other prefixes
+    index.record(other.key, list(range(1000, 1130)))
+    clock.now += 10.0
+    ttft_scorer(s).model.routed(first, 1000, None, clock.now)  # the home has 100 ms of queue
+    d = s.schedule(request(system + b"c" * 40, "h2"), [a, b])
+    assert d.primary is first  # 100 ms of queue < 200 ms for the 2,000 tokens a copy would evict
+    assert d.request is not None and d.request.predictions[other.key][0] < d.request.predictions[first.key][0]

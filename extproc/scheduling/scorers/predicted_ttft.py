@@ -11,7 +11,11 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    prefix until its queue costs more than a cold replica's full prefill ("sticky until saturated").
 3. Capacity: copying a prefix that another candidate already holds evicts as many tokens of
    other prefixes once e's cache is full. cost(e) = ttft(e) + eviction_weight x fullness(e) x
-   (max cached - cached(e)) x prefill_ms_per_token x slowdown(e), with fullness(e) = blocks the
+   (held - cached(e)) x prefill_ms_per_token x slowdown(e). held = the most any candidate has
+   cached, or, for every endpoint but the family's home (where the family's requests were last
+   placed), the tokens its requests were seen to share, even when the index has forgotten them:
+   under pressure the index forgets first, and scattering a family over the pool is what
+   fills every cache with the same prefixes. fullness(e) = blocks the
    prefix index holds for e / its capacity (tuned from the engine's num_gpu_blocks), or the
    engine's vllm:kv_cache_usage_perc when higher. So a prefix
    is copied once the queue on its holders outweighs the prefill AND the recompute it displaces,
@@ -38,6 +42,8 @@ from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.latency import LatencyModel
 
+MAX_HOMES = 65536  # prefix families remembered (~100 bytes each)
+
 
 class PredictedTtftScorer:
     name = "predicted-ttft-scorer"
@@ -51,6 +57,8 @@ class PredictedTtftScorer:
         self.model = LatencyModel(config.latency, config.prefix.bytes_per_token, clock)
         self.index = index
         self._clock = clock
+        # Prefix family (first block) -> (endpoint it was last placed on, tokens its requests shared).
+        self._homes: dict[int, tuple[str, float]] = {}
 
     def bind_index(self, index: PrefixIndex) -> None:
         self.index = index
@@ -86,12 +94,14 @@ class PredictedTtftScorer:
         works = [model.work(ep, now) for ep in endpoints]
         cached = [model.computed(w, family, hit) for w, hit in zip(works, cached, strict=True)]
         most = max(cached, default=0.0)
+        home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
         for ep, w, hit in zip(endpoints, works, cached, strict=True):
             uncached = tokens - hit
             ttft = w.slowdown * model.base_ttft_ms(ep, w, uncached)
             cost = ttft
-            if c.eviction_weight and hit < most:
-                cost += (c.eviction_weight * self._fullness(ep) * (most - hit)
+            held = most if ep.key == home_key else max(most, min(shared, tokens))
+            if c.eviction_weight and hit < held:
+                cost += (c.eviction_weight * self._fullness(ep) * (held - hit)
                          * c.prefill_ms_per_token * w.slowdown)
             if ep.key in request.affinity_match:
                 cost -= c.affinity_credit * uncached * c.prefill_ms_per_token * w.slowdown
@@ -114,6 +124,12 @@ class PredictedTtftScorer:
         tokens = self.model.prompt_tokens(request.prompt_tokens,
                                           request.prompt_bytes or request.total_blocks * self.block_size_bytes)
         self.model.routed(chosen, uncached, ttft / w.slowdown, now, family, tokens - uncached)
+        if family is not None:
+            homes = self._homes
+            _, shared = homes.pop(family, ("", 0.0))
+            homes[family] = (chosen.key, max(shared, tokens - uncached))  # re-inserted last: LRU order
+            if len(homes) > MAX_HOMES:
+                del homes[next(iter(homes))]
 
     def moved(self, request: SchedulingRequest, primary: Endpoint, served: Endpoint) -> None:
         now = self._clock()
