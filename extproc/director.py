@@ -156,8 +156,12 @@ class Director:
         self.datastore.acquire(ep.key)
         return ep
 
-    def complete(self, ep: Endpoint) -> None:
+    def complete(self, ep: Endpoint, decision: Decision | None = None) -> None:
+        """The request on `ep` ended: release its in-flight count; the scheduler's observers learn
+        that its prefill is over (a response came back, or the stream ended)."""
         self.datastore.release(ep)
+        if decision is not None:
+            self.scheduler.finished(decision, ep)
 
     def served_by(self, decision: Decision, current: Endpoint, served: str) -> Endpoint:
         """The proxy reports that `served` (ip:port) answered the request. If that is another

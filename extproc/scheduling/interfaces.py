@@ -12,7 +12,7 @@ fills `precise_match` and `precise_usable` from the `PreciseSource` (extproc/kve
 With an affinity hint (extproc/request/affinity.py) the director sets `affinity_hash` and the
 scheduler fills `affinity_match`: the candidates that recorded the same hash before.
 Scorers that keep state about where requests went (predicted-ttft-scorer's backlogs) are
-`PickObserver`s: the scheduler tells them the pick, and a fallback's move.
+`PickObserver`s: the scheduler tells them the pick, a fallback's move and the response's end.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class SchedulingRequest:
     prompt_tokens: int = 0  # exact prompt tokens when the request was tokenized, else 0
     # Filled by predicted-ttft-scorer: per candidate key, (predicted TTFT ms, uncached tokens).
     predictions: dict[str, tuple[float, float]] = field(default_factory=dict)
+    backlog_mark: tuple[str, float] | None = None  # (endpoint, its routed-token count once this was added)
 
     @property
     def total_blocks(self) -> int:
@@ -73,6 +74,8 @@ class PickObserver(Protocol):
     def picked(self, request: SchedulingRequest, chosen: Endpoint) -> None: ...
 
     def moved(self, request: SchedulingRequest, primary: Endpoint, served: Endpoint) -> None: ...
+
+    def finished(self, request: SchedulingRequest, endpoint: Endpoint) -> None: ...
 
 
 class Picker(Protocol):

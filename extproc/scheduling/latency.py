@@ -16,6 +16,9 @@ datastore; nothing here runs off the request path):
   where a base prediction is the prediction without slowdown. One scalar absorbs what the priors
   get wrong: a slower GPU, a bigger model, bytes per token of the clients' language.
 
+A finished request (its response ended) had its prefill done, and so had everything routed there
+before it (FIFO): B <= tokens routed there after it.
+
 Scrape corrections of B (the engine sees first tokens, the picker does not):
 - waiting = 0 and running = 0: the engine is idle, so only requests routed since that scrape can
   be waiting: B <= tokens routed since the scrape.
@@ -187,6 +190,17 @@ class LatencyModel:
         if base_ms is not None:
             w.base_sum_ms += base_ms
             w.routed += 1
+
+    def mark(self, ep: Endpoint) -> float:
+        """The endpoint's routed-token count now (a request's mark right after it was routed)."""
+        w = self._work.get(ep.key)
+        return w.routed_total if w is not None else 0.0
+
+    def finished(self, ep: Endpoint, mark: float, now: float) -> None:
+        """The request routed to `ep` at `mark` has answered, so its prefill is done, and that of
+        everything queued before it (FIFO): at most the tokens routed after it remain."""
+        w = self.work(ep, now)
+        w.backlog = max(0.0, min(w.backlog, w.routed_total - mark))
 
     def unrouted(self, ep: Endpoint, uncached: float, now: float) -> None:
         """A request routed to `ep` went elsewhere (a fallback served it): take its work back."""

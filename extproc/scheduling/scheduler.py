@@ -156,6 +156,12 @@ class Scheduler:
             request=request if self.observers else None,
         )
 
+    def finished(self, decision: Decision, endpoint: Endpoint) -> None:
+        """The response from `endpoint` ended (or the stream did): tell the observers."""
+        if decision.request is not None:
+            for observer in self.observers:
+                observer.finished(decision.request, endpoint)
+
     def reassign(self, decision: Decision, served: Endpoint) -> None:
         """Another endpoint of the decision's list served the request (a fallback after the
         first choice failed): move the index records from the primary to it. Only what the

@@ -414,7 +414,7 @@ class StreamProcessor:
         ep = self._endpoint
         if ep is not None:
             self._endpoint = None
-            self._director.complete(ep)
+            self._director.complete(ep, self.decision)
 
 
 def _served_endpoint(msg: pb.ProcessingRequest | None, headers: pb.HttpHeaders) -> str:

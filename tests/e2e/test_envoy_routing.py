@@ -49,7 +49,8 @@ async def test_same_prefix_sticks_different_prefixes_spread(default_stack: Stack
         assert len({r.served_by for r in sticky}) == 1
         assert all(r.status == 200 for r in sticky)
         explain = sticky[-1].headers["x-prefix-epp-decision"]
-        assert explain.startswith(f"endpoint={sticky[0].served_by}") and "prefix-cache-scorer=0.9" in explain
+        assert explain.startswith(f"endpoint={sticky[0].served_by}") and "matched=27/28" in explain
+        assert f"predicted_ttft_ms={sticky[0].served_by}:" in explain  # the warm replica predicted fastest
         rng = random.Random(5)
         prompts = [f"{i} " + "".join(rng.choice("abcdefgh ") for _ in range(400)) for i in range(60)]
         spread = await gather_limited([post(s, url, completion(p)) for p in prompts], 6)

@@ -161,3 +161,20 @@ def test_invalid_priors_are_refused() -> None:
         LatencyModel(LatencyConfig(prefill_ms_per_token=0), 4, Clock())
     with pytest.raises(ValueError):
         LatencyModel(LatencyConfig(min_slowdown=2.0), 4, Clock())
+
+
+def test_an_answered_request_clears_what_was_queued_before_it() -> None:
+    clock = Clock()
+    _ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    marks = []
+    for tokens in (4000, 3000, 2000):
+        model.routed(ep, tokens, None, clock.now)
+        marks.append(model.mark(ep))
+    assert marks == [4000, 7000, 9000]
+    model.finished(ep, marks[1], clock.now)  # the second answered: the first two are prefilled
+    assert model.work(ep, clock.now).backlog == 2000
+    model.finished(ep, marks[0], clock.now)  # an earlier one ending later changes nothing
+    assert model.work(ep, clock.now).backlog == 2000
+    model.finished(ep, marks[2], clock.now)
+    assert model.work(ep, clock.now).backlog == 0

@@ -177,3 +177,14 @@ def test_a_family_keeps_its_home_after_the_index_forgot_it() -> None:
     d = s.schedule(request(system + b"c" * 40, "h2"), [a, b])
     assert d.primary is first  # 100 ms of queue < 200 ms for the 2,000 tokens a copy would evict
     assert d.request is not None and d.request.predictions[other.key][0] < d.request.predictions[first.key][0]
+
+
+def test_the_end_of_a_response_tells_the_backlog() -> None:
+    clock = Clock()
+    a, b = pool(2)
+    s = scheduler(clock)
+    d = s.schedule(request(b"R" * 8000, "done"), [a, b])
+    model = ttft_scorer(s).model
+    assert model.work(d.primary, clock.now).backlog == pytest.approx(2000)
+    s.finished(d, d.primary)
+    assert model.work(d.primary, clock.now).backlog == 0.0

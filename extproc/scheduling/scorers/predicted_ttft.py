@@ -28,7 +28,8 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    then takes the least cost (random among equals). Each candidate's prediction is kept in
    `request.predictions` for --explain-decisions.
 
-After the pick (PickObserver), the chosen endpoint's backlog grows by its uncached tokens.
+After the pick (PickObserver), the chosen endpoint's backlog grows by its uncached tokens; when the
+response ends, what was queued there before the request is known done.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class PredictedTtftScorer:
         if self.config.eviction_weight < 0 or self.config.affinity_credit < 0:
             raise ValueError("latency: eviction_weight and affinity_credit must be >= 0")
         self.block_size_bytes = config.prefix.block_size_bytes
+        # The precise index's matches count only with --prefix-scorer precise; --kv-events alone
+        # compares the two indexes' predictions without changing the routing.
+        self.precise = config.kv_events.prefix_scorer == "precise"
         self.model = LatencyModel(config.latency, config.prefix.bytes_per_token, clock)
         self.index = index
         self._clock = clock
@@ -65,7 +69,7 @@ class PredictedTtftScorer:
 
     def _cached(self, request: SchedulingRequest, ep: Endpoint, tokens: float) -> float:
         keys = len(request.token_keys or ())
-        if keys and ep.key in request.precise_usable:
+        if self.precise and keys and ep.key in request.precise_usable:
             return tokens * request.precise_match.get(ep.key, 0) / keys
         matched_bytes = request.prefix_match.get(ep.key, 0) * self.block_size_bytes
         return min(tokens, self.model.prompt_tokens(0, matched_bytes))
@@ -124,12 +128,18 @@ class PredictedTtftScorer:
         tokens = self.model.prompt_tokens(request.prompt_tokens,
                                           request.prompt_bytes or request.total_blocks * self.block_size_bytes)
         self.model.routed(chosen, uncached, ttft / w.slowdown, now, family, tokens - uncached)
+        request.backlog_mark = (chosen.key, self.model.mark(chosen))
         if family is not None:
             homes = self._homes
             _, shared = homes.pop(family, ("", 0.0))
             homes[family] = (chosen.key, max(shared, tokens - uncached))  # re-inserted last: LRU order
             if len(homes) > MAX_HOMES:
                 del homes[next(iter(homes))]
+
+    def finished(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+        mark = request.backlog_mark
+        if mark is not None and mark[0] == endpoint.key:
+            self.model.finished(endpoint, mark[1], self._clock())
 
     def moved(self, request: SchedulingRequest, primary: Endpoint, served: Endpoint) -> None:
         now = self._clock()
@@ -139,3 +149,4 @@ class PredictedTtftScorer:
             self.model.unrouted(primary, before[1], now)
         if after is not None:
             self.model.routed(served, after[1], None, now)
+            request.backlog_mark = (served.key, self.model.mark(served))
