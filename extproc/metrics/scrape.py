@@ -34,7 +34,9 @@ prompt bytes (~4 bytes per token), and the index counts blocks of block_size_byt
     capacity(e) = max(1, num_gpu_blocks * block_size * bytes_per_token // block_size_bytes)
 
 e.g. 1000 GPU blocks of 16 tokens with 64-byte index blocks -> 1000 index blocks. It is applied
-with PrefixIndex.set_capacity whenever the reported cache config changes.
+with PrefixIndex.set_capacity whenever the reported cache config changes; once the predicted-TTFT
+scorer has learned the pool's bytes per token (extproc/scheduling/latency.py), it re-applies the
+formula with that value instead of 4.
 """
 
 from __future__ import annotations
@@ -115,11 +117,11 @@ def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
     return m
 
 
-def auto_tuned_capacity(m: ModelServerMetrics, block_size_bytes: int, bytes_per_token: int) -> int | None:
+def auto_tuned_capacity(m: ModelServerMetrics, block_size_bytes: int, bytes_per_token: float) -> int | None:
     """Prefix-index capacity (in index blocks) matching the engine's KV cache, or None if unknown."""
     if m.num_gpu_blocks <= 0 or m.block_size <= 0:
         return None
-    return max(1, m.num_gpu_blocks * m.block_size * bytes_per_token // block_size_bytes)
+    return max(1, int(m.num_gpu_blocks * m.block_size * bytes_per_token // block_size_bytes))
 
 
 class MetricsScraper:

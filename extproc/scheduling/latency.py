@@ -14,14 +14,20 @@ datastore; nothing here runs off the request path):
       ratio = (delta sum / delta count) / (mean base prediction of those routed requests)
       slowdown <- clamp(slowdown + ALPHA x (ratio - slowdown), min_slowdown, max_slowdown)
   where a base prediction is the prediction without slowdown. One scalar absorbs what the priors
-  get wrong: a slower GPU, a bigger model, bytes per token of the clients' language.
+  get wrong: a slower GPU, a bigger model.
+- bytes per token (pool-wide, for prompts the picker did not tokenize): once a scrape shows at
+  least MIN_FIRST_TOKENS new requests in the TTFT histogram and MIN_ROUTED were routed there,
+      ratio = (prompt bytes routed / requests routed) / (delta vllm:prompt_tokens_total / delta count)
+  smoothed like the slowdown, clamped to [1, 16]; PrefixConfig.bytes_per_token (4) until then.
+  Means of both sides, so peer pickers routing to the same engines do not skew it.
 
 A finished request (its response ended) had its prefill done, and so had everything routed there
 before it (FIFO): B <= tokens routed there after it.
 
 Scrape corrections of B (the engine sees first tokens, the picker does not):
-- waiting = 0 and running = 0: the engine is idle, so only requests routed since that scrape can
-  be waiting: B <= tokens routed since the scrape.
+- waiting = 0 and running = 0: the engine is idle, so only requests routed since the scrape before
+  can be waiting: B <= tokens routed since then. (Not since this scrape: a request routed just
+  before it landed may have reached the engine only after the engine was sampled.)
 - waiting > 0: at least that many requests wait: B >= waiting x the mean uncached tokens of the
   requests routed there (exponentially weighted, ALPHA).
 
@@ -66,6 +72,8 @@ ALPHA = 0.2
 MIN_FIRST_TOKENS = 8
 MIN_ROUTED = 4
 MAX_PENDING = 256
+MIN_BYTES_PER_TOKEN = 1.0
+MAX_BYTES_PER_TOKEN = 16.0
 
 
 @dataclass(slots=True)
@@ -77,12 +85,18 @@ class EndpointWork:
     slowdown: float = 1.0
     mean_uncached: float = 0.0
     routed_tokens_since_scrape: float = 0.0
+    routed_tokens_before: float = 0.0  # in the interval before the last scrape
     seen_scrape_at: float = -1.0  # updated_at of the last scrape applied
     # Calibration window: engine counters at its start, our routed requests since.
     ttft_sum_s: float = 0.0
     ttft_count: float = -1.0
     base_sum_ms: float = 0.0
     routed: int = 0
+    # Bytes-per-token window: engine counters at its start, our routed prompts since.
+    prompt_tokens: float = -1.0
+    requests: float = -1.0
+    bytes_routed: float = 0.0
+    bytes_requests: int = 0
 
 
 class LatencyModel:
@@ -110,13 +124,29 @@ class LatencyModel:
         if m is not None and m.ok and m.updated_at > w.seen_scrape_at:
             w.seen_scrape_at = m.updated_at
             if m.waiting <= 0 and m.running <= 0:
-                w.backlog = min(w.backlog, w.routed_tokens_since_scrape)
+                w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
             elif m.waiting > 0:
                 w.backlog = max(w.backlog, m.waiting * w.mean_uncached)
-            w.routed_tokens_since_scrape = 0.0
+            w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
             if self.config.calibrate and m.ttft_count >= 0:
                 self._calibrate(w, m.ttft_sum_s, m.ttft_count)
+            if m.prompt_tokens >= 0 and m.ttft_count >= 0:
+                self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
         return w
+
+    def _learn_bytes_per_token(self, w: EndpointWork, prompt_tokens: float, requests: float) -> None:
+        if w.requests < 0 or requests < w.requests or prompt_tokens < w.prompt_tokens:
+            w.prompt_tokens, w.requests, w.bytes_routed, w.bytes_requests = prompt_tokens, requests, 0.0, 0
+            return
+        seen = requests - w.requests
+        if seen < MIN_FIRST_TOKENS or w.bytes_requests < MIN_ROUTED:
+            return
+        tokens = prompt_tokens - w.prompt_tokens
+        if tokens > 0 and w.bytes_routed > 0:
+            ratio = (w.bytes_routed / w.bytes_requests) / (tokens / seen)
+            bpt = self.bytes_per_token + ALPHA * (ratio - self.bytes_per_token)
+            self.bytes_per_token = min(max(bpt, MIN_BYTES_PER_TOKEN), MAX_BYTES_PER_TOKEN)
+        w.prompt_tokens, w.requests, w.bytes_routed, w.bytes_requests = prompt_tokens, requests, 0.0, 0
 
     def _calibrate(self, w: EndpointWork, ttft_sum_s: float, ttft_count: float) -> None:
         if w.ttft_count < 0 or ttft_count < w.ttft_count:  # first sight, or the engine restarted
@@ -172,7 +202,7 @@ class LatencyModel:
         return min(cached, stable)
 
     def routed(self, ep: Endpoint, uncached: float, base_ms: float | None, now: float,
-               family: int | None = None, cached: float = 0.0) -> None:
+               family: int | None = None, cached: float = 0.0, prompt_bytes: int = 0) -> None:
         """A request with `uncached` tokens to prefill (and `cached` found) was routed to `ep`,
         predicted at base_ms (None: not this picker's prediction, e.g. a fallback that served;
         not calibrated on). `family`: its first block, to track the blocks it adds."""
@@ -190,6 +220,9 @@ class LatencyModel:
         if base_ms is not None:
             w.base_sum_ms += base_ms
             w.routed += 1
+        if prompt_bytes > 0:
+            w.bytes_routed += prompt_bytes
+            w.bytes_requests += 1
 
     def mark(self, ep: Endpoint) -> float:
         """The endpoint's routed-token count now (a request's mark right after it was routed)."""
@@ -207,3 +240,4 @@ class LatencyModel:
         w = self.work(ep, now)
         w.backlog = max(0.0, w.backlog - uncached)
         w.routed_tokens_since_scrape = max(0.0, w.routed_tokens_since_scrape - uncached)
+        w.routed_tokens_before = max(0.0, w.routed_tokens_before - uncached)

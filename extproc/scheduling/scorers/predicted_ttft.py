@@ -34,11 +34,13 @@ response ends, what was queued there before the request is known done.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 
 from extproc.config import EppConfig
 from extproc.datastore import Endpoint
+from extproc.metrics.scrape import auto_tuned_capacity
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.latency import LatencyModel
@@ -55,6 +57,7 @@ class PredictedTtftScorer:
         if self.config.eviction_weight < 0 or self.config.affinity_credit < 0:
             raise ValueError("latency: eviction_weight and affinity_credit must be >= 0")
         self.block_size_bytes = config.prefix.block_size_bytes
+        self.auto_tune = config.prefix.auto_tune
         # The precise index's matches count only with --prefix-scorer precise; --kv-events alone
         # compares the two indexes' predictions without changing the routing.
         self.precise = config.kv_events.prefix_scorer == "precise"
@@ -67,12 +70,24 @@ class PredictedTtftScorer:
     def bind_index(self, index: PrefixIndex) -> None:
         self.index = index
 
-    def _cached(self, request: SchedulingRequest, ep: Endpoint, tokens: float) -> float:
+    def _retune(self, ep: Endpoint) -> None:
+        """The prefix index holds what the engine holds: once bytes per token is learned, an
+        endpoint's capacity follows it (the scraper tunes it with the configured 4 first)."""
+        m = ep.metrics
+        if self.index is None or m is None:
+            return
+        capacity = auto_tuned_capacity(m, self.block_size_bytes, self.model.bytes_per_token)
+        if capacity is not None and abs(capacity - self.index.capacity(ep.key)) > 0.05 * capacity:
+            with contextlib.suppress(ValueError):
+                self.index.set_capacity(ep.key, capacity)
+
+    def _cached(self, request: SchedulingRequest, ep: Endpoint, tokens: float, prompt_bytes: int) -> float:
         keys = len(request.token_keys or ())
         if self.precise and keys and ep.key in request.precise_usable:
             return tokens * request.precise_match.get(ep.key, 0) / keys
+        # The matched share of the prompt's bytes, in tokens (exact or estimated, as `tokens`).
         matched_bytes = request.prefix_match.get(ep.key, 0) * self.block_size_bytes
-        return min(tokens, self.model.prompt_tokens(0, matched_bytes))
+        return tokens * min(matched_bytes / prompt_bytes, 1.0) if prompt_bytes > 0 else 0.0
 
     def _fullness(self, ep: Endpoint) -> float:
         """How full e's cache is: the prefix index's share of its capacity, or the engine's own
@@ -91,7 +106,7 @@ class PredictedTtftScorer:
         # Without the prompt's size (a caller that only hashed it), its blocks stand for it.
         prompt_bytes = request.prompt_bytes or request.total_blocks * self.block_size_bytes
         tokens = model.prompt_tokens(request.prompt_tokens, prompt_bytes)
-        cached = [self._cached(request, ep, tokens) for ep in endpoints]
+        cached = [self._cached(request, ep, tokens, prompt_bytes) for ep in endpoints]
         costs: list[float] = []
         predictions = request.predictions
         family = request.block_hashes[0] if request.block_hashes else None
@@ -127,7 +142,10 @@ class PredictedTtftScorer:
         family = request.block_hashes[0] if request.block_hashes else None
         tokens = self.model.prompt_tokens(request.prompt_tokens,
                                           request.prompt_bytes or request.total_blocks * self.block_size_bytes)
-        self.model.routed(chosen, uncached, ttft / w.slowdown, now, family, tokens - uncached)
+        self.model.routed(chosen, uncached, ttft / w.slowdown, now, family, tokens - uncached,
+                          request.prompt_bytes)
+        if self.auto_tune:
+            self._retune(chosen)
         request.backlog_mark = (chosen.key, self.model.mark(chosen))
         if family is not None:
             homes = self._homes
