@@ -45,7 +45,7 @@ from extproc.sim.config import SimConfig
 from extproc.sim.engine import Engine
 from extproc.sim.kvcache import hash_blocks
 from extproc.sim.openai_api import Generation, Kind, parse_generation, parse_json
-from extproc.sim.server import Replica, _api, _http_errors
+from extproc.sim.server import Replica, _api, _http_errors, start_site
 
 log = logging.getLogger(__name__)
 
@@ -165,13 +165,7 @@ class ClairvoyantFront:
         app.router.add_post("/v1/chat/completions", _api(self._chat))
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        if self.port == 0:
-            server = site._server
-            assert server is not None and getattr(server, "sockets", None)
-            self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+        self.port = await start_site(self._runner, self.host, self.port)
         log.info("sim_clairvoyant_started", extra={"address": f"{self.host}:{self.port}"})
 
     async def stop(self) -> None:

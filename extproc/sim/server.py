@@ -68,6 +68,18 @@ def replica_address(config: SimConfig, index: int, base_port: int) -> tuple[str,
     return config.host, base_port + index if base_port else 0
 
 
+async def start_site(runner: web.AppRunner, host: str, port: int) -> int:
+    """Serve `runner` on host:port and return the port (the kernel's choice when `port` is 0)."""
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    if port == 0:
+        server = site._server
+        assert server is not None and getattr(server, "sockets", None)
+        port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+    return port
+
+
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
 
@@ -153,13 +165,7 @@ class Replica:
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_GRACE_S)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        if self.port == 0:
-            server = site._server
-            assert server is not None and getattr(server, "sockets", None)
-            self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+        self.port = await start_site(self._runner, self.host, self.port)
         self._ready_at = time.monotonic() + self.config.startup_delay
         self._start_publisher()
         self.engine.start()
