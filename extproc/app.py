@@ -32,12 +32,14 @@ from extproc.kvevents.manager import KVEventsManager, kv_events_wanted
 from extproc.kvevents.metrics import KVEventsCollector
 from extproc.metrics.epp import EppMetrics
 from extproc.metrics.http import start_metrics_server
+from extproc.metrics.latency import LatencyCollector
 from extproc.metrics.scrape import MetricsScraper
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import Profile, build_scheduler, default_profile
 from extproc.scheduling.config_loader import load_config
 from extproc.scheduling.saturation import UtilizationDetector
 from extproc.scheduling.scheduler import Scheduler
+from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from extproc.server.body_budget import BodyBudget
 from extproc.server.grpc_server import start_servers
 from extproc.server.health import HealthServicer
@@ -106,6 +108,9 @@ class App:
         self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/server/usage.py)
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
+        for observer in self.scheduler.observers:
+            if isinstance(observer, PredictedTtftScorer):
+                self.metrics.registry.register(LatencyCollector(observer.model))
         if cfg.sync.port or self.role.count > 1:
             self._wire_sync()
         self.health = HealthServicer(self._ready)

@@ -32,6 +32,8 @@ EPP's dashboards).
 | prefix_epp_cached_tokens_predicted_within_one_block_total | counter | scorer (abs error <= engine block size) |
 | prefix_epp_cached_tokens_predictions_total | counter | scorer (responses that reported cached_tokens) |
 | prefix_epp_kv_events_* | | KV-event subscriptions and precise index (extproc/kvevents/metrics.py) |
+| prefix_epp_endpoint_prefill_backlog_tokens, prefix_epp_endpoint_ttft_slowdown, prefix_epp_bytes_per_token | gauge | |
+| | | the predicted-TTFT model, when its scorer runs (extproc/metrics/latency.py) |
 
 Gauges that describe state are computed at scrape time by a collector, so the request path only
 increments counters and observes two histograms. Label children are cached per key.

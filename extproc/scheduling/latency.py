@@ -163,6 +163,14 @@ class LatencyModel:
             w.slowdown = min(max(w.slowdown + ALPHA * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
         w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
 
+    def snapshot(self, now: float) -> list[tuple[str, float, float]]:
+        """(endpoint, backlog drained to `now`, slowdown) per endpoint, without changing the state."""
+        out = []
+        for key, w in self._work.items():
+            drained = max(0.0, now - w.updated_at) / (self.config.prefill_ms_per_token * w.slowdown) * 1000.0
+            out.append((key, max(0.0, w.backlog - drained), w.slowdown))
+        return out
+
     def forget_others(self, keep: Sequence[Endpoint]) -> None:
         """Drop the state of endpoints not in `keep` (bounded by the pool, not by its history)."""
         wanted = {ep.key for ep in keep}
