@@ -89,6 +89,12 @@ class PredictedTtftScorer:
         matched_bytes = request.prefix_match.get(ep.key, 0) * self.block_size_bytes
         return tokens * min(matched_bytes / prompt_bytes, 1.0) if prompt_bytes > 0 else 0.0
 
+    def _prompt_size(self, request: SchedulingRequest) -> tuple[int, float]:
+        """(prompt bytes, prompt tokens); without the prompt's size (a caller that only hashed
+        it), its blocks stand for it."""
+        prompt_bytes = request.prompt_bytes or request.total_blocks * self.block_size_bytes
+        return prompt_bytes, self.model.prompt_tokens(request.prompt_tokens, prompt_bytes)
+
     def _fullness(self, ep: Endpoint) -> float:
         """How full e's cache is: the prefix index's share of its capacity, or the engine's own
         vllm:kv_cache_usage_perc (blocks held by running requests) when that is higher."""
@@ -103,9 +109,7 @@ class PredictedTtftScorer:
         model, c = self.model, self.config
         if len(model) > 2 * len(endpoints) + 16:
             model.forget_others(endpoints)
-        # Without the prompt's size (a caller that only hashed it), its blocks stand for it.
-        prompt_bytes = request.prompt_bytes or request.total_blocks * self.block_size_bytes
-        tokens = model.prompt_tokens(request.prompt_tokens, prompt_bytes)
+        prompt_bytes, tokens = self._prompt_size(request)
         cached = [self._cached(request, ep, tokens, prompt_bytes) for ep in endpoints]
         costs: list[float] = []
         predictions = request.predictions
@@ -140,8 +144,7 @@ class PredictedTtftScorer:
         ttft, uncached = predicted
         w = self.model.work(chosen, now)
         family = request.block_hashes[0] if request.block_hashes else None
-        tokens = self.model.prompt_tokens(request.prompt_tokens,
-                                          request.prompt_bytes or request.total_blocks * self.block_size_bytes)
+        _, tokens = self._prompt_size(request)
         self.model.routed(chosen, uncached, ttft / w.slowdown, now, family, tokens - uncached,
                           request.prompt_bytes)
         if self.auto_tune:
