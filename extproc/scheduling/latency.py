@@ -31,17 +31,9 @@ Scrape corrections of B (the engine sees first tokens, the picker does not):
 - waiting > 0: at least that many requests wait: B >= waiting x the mean uncached tokens of the
   requests routed there (exponentially weighted, ALPHA).
 
-Prefixes still being computed: an engine caches a prompt's blocks only once their prefill is
-done, and a request admitted while they are still computing misses them (vLLM V1). So each
-endpoint keeps, per prefix family (the prompt's first block), the latest request routed there
-that adds blocks: its end mark in the endpoint's routed-token count and the cached tokens it
-found (`stable`). For a later request of that family, with a = tokens routed after the mark and
-remaining = B - a (that request's prefill still to do):
-- remaining <= 0: computed; remaining <= step_tokens: it ends within the engine's current step,
-  before a new arrival is admitted; a >= step_tokens: the new request queues behind enough work
-  to be admitted only after it. In these cases the match counts in full;
-- otherwise both would be prefilling together: only `stable` tokens count as cached.
-At most MAX_PENDING families per endpoint (the oldest go first).
+Prefixes still being computed count as cached: an engine caches a prompt's blocks as soon as the
+chunk computing them is scheduled (vLLM V1's allocate_slots), and a request routed behind it is
+admitted no earlier (FIFO), so it hits them even in the same step.
 
 Prediction for a request with `uncached` tokens not cached on e, running_e sequences there
 (extproc/scheduling/load.py's load):
@@ -62,7 +54,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from extproc.config import LatencyConfig
 from extproc.datastore import Endpoint
@@ -71,7 +63,6 @@ from extproc.scheduling.load import endpoint_load
 ALPHA = 0.2
 MIN_FIRST_TOKENS = 8
 MIN_ROUTED = 4
-MAX_PENDING = 256
 MIN_BYTES_PER_TOKEN = 1.0
 MAX_BYTES_PER_TOKEN = 16.0
 
@@ -79,8 +70,7 @@ MAX_BYTES_PER_TOKEN = 16.0
 @dataclass(slots=True)
 class EndpointWork:
     backlog: float = 0.0  # tokens not yet prefilled
-    routed_total: float = 0.0  # tokens ever routed here (the marks of `pending` count in it)
-    pending: dict[int, tuple[float, float]] = field(default_factory=dict)  # family -> (mark, stable)
+    routed_total: float = 0.0  # tokens ever routed here (a request's mark counts in it)
     updated_at: float = 0.0  # when backlog was last drained
     slowdown: float = 1.0
     mean_uncached: float = 0.0
@@ -191,38 +181,13 @@ class LatencyModel:
         steps = max(1.0, math.ceil(work / c.step_tokens))
         return c.overhead_ms + work * c.prefill_ms_per_token + steps * c.decode_ms_per_seq * endpoint_load(ep)
 
-    def computed(self, w: EndpointWork, family: int | None, cached: float) -> float:
-        """Of `cached` tokens matched on the endpoint, those computed by the time a request
-        routed now would be admitted (see "Prefixes still being computed")."""
-        if family is None or not w.pending:
-            return cached
-        entry = w.pending.get(family)
-        if entry is None:
-            return cached
-        mark, stable = entry
-        after = w.routed_total - mark
-        remaining = w.backlog - after
-        if remaining <= 0:
-            del w.pending[family]
-            return cached
-        if remaining <= self.config.step_tokens or after >= self.config.step_tokens:
-            return cached
-        return min(cached, stable)
-
     def routed(self, ep: Endpoint, uncached: float, base_ms: float | None, now: float,
-               family: int | None = None, cached: float = 0.0, prompt_bytes: int = 0) -> None:
-        """A request with `uncached` tokens to prefill (and `cached` found) was routed to `ep`,
-        predicted at base_ms (None: not this picker's prediction, e.g. a fallback that served;
-        not calibrated on). `family`: its first block, to track the blocks it adds."""
+               prompt_bytes: int = 0) -> None:
+        """A request with `uncached` tokens to prefill was routed to `ep`, predicted at base_ms
+        (None: not this picker's prediction, e.g. a fallback that served; not calibrated on)."""
         w = self.work(ep, now)
         w.backlog += uncached
         w.routed_total += uncached
-        if family is not None and uncached > 0:
-            pending = w.pending
-            pending.pop(family, None)  # re-inserted last: insertion order is age
-            pending[family] = (w.routed_total, cached)
-            if len(pending) > MAX_PENDING:
-                del pending[next(iter(pending))]
         w.routed_tokens_since_scrape += uncached
         w.mean_uncached += ALPHA * (uncached - w.mean_uncached)
         if base_ms is not None:

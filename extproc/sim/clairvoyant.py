@@ -16,19 +16,17 @@ of the replica's own scheduler (extproc/sim/engine.py) from its state now, with 
 appended to the waiting queue. Step by step, the step's token budget (max_num_batched_tokens
 less one token per decoding request) goes to the prefill still owed by admitted requests in
 order, then admits waiting ones while budget remains; a request's cached tokens are fixed at its
-admission: the leading blocks held by the KV cache now or by a request whose prefill completed in
-an earlier step (chained hashes: the longest of those runs), at most (prompt_tokens - 1) //
-block_size blocks, as vLLM and the engine count them. Each step costs what the engine charges::
+admission: the leading blocks held by the KV cache now or covered by a chunk scheduled before it
+in the dry run (chained hashes: the longest of those runs), at most (prompt_tokens - 1) //
+block_size blocks, as vLLM and the engine count them: blocks are hits once their chunk is
+scheduled. Each step costs what the engine charges::
 
     step = inter_token_latency + decode_time_per_seq x (sequences in the step - 1)
            + prefill_overhead + prefill_time_per_token x prefill tokens
 
-and TTFT is the end of the step in which the request's prefill completes. So a request arriving
-while another one still computes the same prefix is predicted to miss it if it would be admitted
-alongside, and to hit it if it queues long enough: the true outcome, which only a router that
-sees the engine's queue can know. It leaves out what it cannot know without running the
-requests: decodes ending (fewer sequences per step), evictions and admission stalls on a full
-KV cache.
+and TTFT is the end of the step in which the request's prefill completes. It leaves out what it
+cannot know without running the requests: decodes ending (fewer sequences per step), evictions
+and admission stalls on a full KV cache.
 """
 
 from __future__ import annotations
@@ -63,9 +61,9 @@ def _run(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _cached_tokens(engine: Engine, hashes: Sequence[int], prompt_len: int,
-                   computed: Sequence[Sequence[int]] = ()) -> int:
+                   scheduled: Sequence[Sequence[int]] = ()) -> int:
     bs = engine.cache.block_size
-    blocks = max([engine.cache.match_prefix(hashes), *(_run(hashes, c) for c in computed)])
+    blocks = max([engine.cache.match_prefix(hashes), *(_run(hashes, c) for c in scheduled)])
     return min(blocks, (prompt_len - 1) // bs) * bs
 
 
@@ -81,19 +79,27 @@ def queued_prefill_tokens(engine: Engine) -> int:
 class _Job:
     left: int  # prompt tokens still to prefill
     hashes: Sequence[int]
+    prompt_len: int
     ours: bool = False
+
+    def schedule(self, chunk: int, block_size: int) -> Sequence[int]:
+        """Schedule `chunk` tokens of its prefill; the block hashes it has scheduled so far."""
+        self.left -= chunk
+        return self.hashes[:(self.prompt_len - self.left) // block_size]
 
 
 def predict_ttft_ms(engine: Engine, hashes: Sequence[int], prompt_len: int) -> float:
     """Predicted TTFT (model ms) of a prompt with these block hashes if queued on `engine` now."""
     cfg: SimConfig = engine.config
+    bs = engine.cache.block_size
     live = [r for r in engine.running if not r.aborted]
     decodes = sum(1 for r in live if r.prefill_left == 0)
-    admitted = [_Job(r.prefill_left, r.prompt_hashes) for r in live if r.prefill_left > 0]
+    admitted = [_Job(r.prefill_left, r.prompt_hashes, len(r.prompt_tokens))
+                for r in live if r.prefill_left > 0]
     waiting: list[tuple[Sequence[int], int, bool]] = [
         (r.prompt_hashes, len(r.prompt_tokens), False) for r in engine.waiting]
     waiting.append((hashes, prompt_len, True))
-    computed: list[Sequence[int]] = []  # prompts whose prefill completed in an earlier step
+    scheduled: list[Sequence[int]] = []  # blocks of chunks scheduled in the dry run: hits from then on
     elapsed = 0.0
     while True:
         budget = max(1, cfg.max_num_batched_tokens - decodes)
@@ -104,15 +110,15 @@ def predict_ttft_ms(engine: Engine, hashes: Sequence[int], prompt_len: int) -> f
                 break
             if job.left > 0:
                 chunk = min(job.left, budget)
-                job.left -= chunk
+                scheduled.append(job.schedule(chunk, bs))
                 budget, tokens, seqs = budget - chunk, tokens + chunk, seqs + 1
                 if job.left == 0:
                     done.append(job)
         while budget > 0 and waiting:
             w_hashes, w_len, ours = waiting.pop(0)
-            job = _Job(w_len - _cached_tokens(engine, w_hashes, w_len, computed), w_hashes, ours)
+            job = _Job(w_len - _cached_tokens(engine, w_hashes, w_len, scheduled), w_hashes, w_len, ours)
             chunk = min(job.left, budget)
-            job.left -= chunk
+            scheduled.append(job.schedule(chunk, bs))
             budget, tokens, seqs = budget - chunk, tokens + chunk, seqs + 1
             admitted.append(job)
             if job.left == 0:
@@ -121,7 +127,6 @@ def predict_ttft_ms(engine: Engine, hashes: Sequence[int], prompt_len: int) -> f
                     + cfg.prefill_overhead + cfg.prefill_time_per_token * tokens)
         if any(job.ours for job in done):
             return elapsed
-        computed.extend(job.hashes for job in done)
         admitted = [job for job in admitted if job.left > 0]
 
 

@@ -8,8 +8,11 @@ One asyncio task per replica runs engine *steps*, like vLLM V1's scheduler loop:
    and then waiting ones while budget remains. A request whose LoRA adapter would exceed
    `max_loras` distinct running adapters is skipped (and keeps its place); a request the KV cache
    cannot hold stops admission (head-of-line, as vLLM). Admission fixes the request's cached
-   tokens (`KVCache.allocate`): a request admitted while another one still prefills the same
-   prefix misses it, one admitted after that prefill completed hits it, as on vLLM.
+   tokens (`KVCache.allocate`). A prompt's blocks become hits as soon as the chunk that computes
+   them is scheduled, before the step runs, as vLLM V1's `allocate_slots` caches them: a request
+   admitted later in the same step, or in any later step, hits the blocks of every chunk
+   scheduled before it (the step writes every KV before attention reads any); only blocks of
+   chunks not yet scheduled (a long prompt's later chunks) are missed.
 2. Plan a step: every running request past prefill decodes one token; the remaining token budget
    (`max_num_batched_tokens`) goes to prefill chunks in admission order (chunked prefill).
 3. Cost it, in model milliseconds::
@@ -248,9 +251,11 @@ class Engine:
     def _admit(self) -> None:
         cfg = self.config
         skipped: list[SimRequest] = []
-        budget = cfg.max_num_batched_tokens
-        for r in self.running:
-            budget -= r.prefill_left or 1
+        budget = cfg.max_num_batched_tokens - sum(1 for r in self.running if r.prefill_left == 0)
+        for r in self.running:  # their chunks come first in the step, in admission order
+            if r.prefill_left > 0:
+                self._schedule_chunk(r, max(0, min(r.prefill_left, budget)))
+                budget -= r.prefill_left
         while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
             req = self.waiting[0]
             if req.lora and req.lora not in self._lora_running and len(self._lora_running) >= cfg.max_loras:
@@ -265,6 +270,7 @@ class Engine:
             req.alloc = alloc
             req.cached_tokens = alloc.cached_tokens
             req.prefill_left = n_prompt - alloc.cached_tokens
+            self._schedule_chunk(req, min(req.prefill_left, budget))
             budget -= req.prefill_left
             req.arrival = min(req.arrival, self.clock)
             self.stats.queue.observe(self.clock - req.arrival)
@@ -275,6 +281,12 @@ class Engine:
             self.running.append(req)
         if skipped:
             self.waiting.extendleft(reversed(skipped))
+
+    def _schedule_chunk(self, req: SimRequest, chunk: int) -> None:
+        """Cache the full blocks the request's prefill covers once this step's `chunk` is done."""
+        if chunk > 0 and req.alloc is not None:
+            blocks = (len(req.prompt_tokens) - req.prefill_left + chunk) // self.cache.block_size
+            self.cache.commit(req.alloc, req.prompt_hashes[:blocks], req.prompt_tokens)
 
     def _plan(self) -> _Step:
         cfg = self.config

@@ -27,11 +27,11 @@ Allocation and eviction (vLLM's free-block queue)
     so a sequence's tail is evicted before its head; blocks without a hash go to the LRU end.
 
 Storing (events)
-    `commit` hashes newly computed full blocks and reports them in one `BlockStored` per
-    contiguous run (the scheduler calls it at prefill end for the prompt and at finish for the
-    generated tokens). A block whose hash another request stored first stays unhashed.
-    Evictions collected during one `allocate` are reported in one `BlockRemoved`; `reset`
-    forgets every hash and reports `AllBlocksCleared`.
+    `commit` hashes a request's newly covered full blocks and reports them in one `BlockStored`
+    per contiguous run. The scheduler calls it as each prefill chunk is scheduled, as vLLM V1
+    caches blocks in `allocate_slots`, and at finish for the generated tokens. A block whose hash
+    another request stored first stays unhashed. Evictions collected during one `allocate` are
+    reported in one `BlockRemoved`; `reset` forgets every hash and reports `AllBlocksCleared`.
 """
 
 from __future__ import annotations

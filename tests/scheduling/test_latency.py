@@ -121,29 +121,6 @@ def test_slowdown_is_clamped() -> None:
     assert model.work(ep, clock.now).slowdown == 2.0
 
 
-def test_a_prefix_still_prefilling_does_not_count_as_cached() -> None:
-    clock = Clock()
-    _ds, ep = one_endpoint()
-    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
-    family = 42
-    # 2,500 new tokens of a prefix: more than one engine step (1,000 tokens).
-    model.routed(ep, 2500, 0.0, clock.now, family=family, cached=0)
-    w = model.work(ep, clock.now)
-    assert model.computed(w, family, 2400) == 0  # a request now would prefill alongside it
-    assert model.computed(w, 7, 2400) == 2400  # another family is not affected
-    clock.now += 0.16  # 1,600 tokens done, 900 left: it ends within the current step
-    assert model.computed(model.work(ep, clock.now), family, 2400) == 2400
-    # Queued far enough behind: admitted only after the prefix is computed.
-    model.routed(ep, 2500, 0.0, clock.now, family=family, cached=300)
-    w = model.work(ep, clock.now)
-    assert model.computed(w, family, 2400) == 300  # only what it found cached counts
-    model.routed(ep, 1000, 0.0, clock.now, family=99)
-    assert model.computed(model.work(ep, clock.now), family, 2400) == 2400
-    clock.now += 10.0
-    assert model.computed(model.work(ep, clock.now), family, 2400) == 2400
-    assert family not in model.work(ep, clock.now).pending  # done: forgotten
-
-
 def test_state_is_bounded_by_the_pool() -> None:
     clock = Clock()
     ds = Datastore()
@@ -154,10 +131,6 @@ def test_state_is_bounded_by_the_pool() -> None:
         model.work(ep, clock.now)
     model.forget_others(eps[:3])
     assert len(model) == 3
-    w = model.work(eps[0], clock.now)
-    for family in range(1000):
-        model.routed(eps[0], 10, None, clock.now, family=family)
-    assert len(w.pending) == 256
 
 
 def test_invalid_priors_are_refused() -> None:

@@ -81,18 +81,18 @@ def test_warm_replica_with_a_long_queue_loses_to_an_idle_cold_one() -> None:
     assert f"predicted_ttft_ms={other.key}:420.0,{first.key}:6030.0" in explained  # r1 still queued: 100 + 60,000 + 100
 
 
-def test_a_burst_of_a_new_prefix_spreads_while_its_first_prefill_runs() -> None:
-    """The first request's blocks are not computed until its prefill ends; requests arriving
-    meanwhile would recompute them anyway, so they go where the queue is shortest."""
+def test_a_prefix_still_prefilling_counts_as_cached_where_it_was_routed() -> None:
+    """The engine caches blocks once their chunk is scheduled, and a request routed behind the
+    first one is admitted after it: it finds the prefix even while the first prefill runs."""
     clock = Clock()
     eps = pool(4)
     s = scheduler(clock)
     system = b"B" * 24000  # 6,000 tokens, more than one 1,000-token step
-    chosen = [s.schedule(request(system + b"%02d" % i * 50, f"r{i}"), eps).primary for i in range(4)]
-    assert len({ep.key for ep in chosen}) == 4
-    clock.now += 10.0  # all computed: the prefix is held four times, the next one goes to any of them warm
-    d = s.schedule(request(system + b"late" * 25, "late"), eps)
-    assert d.request is not None and d.request.predictions[d.primary.key][1] == pytest.approx(25)
+    first = s.schedule(request(system + b"00" * 50, "r0"), eps).primary
+    d = s.schedule(request(system + b"01" * 50, "r1"), eps)
+    assert d.request is not None
+    assert d.request.predictions[first.key][1] == pytest.approx(25)
+    assert all(d.request.predictions[ep.key][1] == pytest.approx(6025) for ep in eps if ep is not first)
 
 
 def test_copying_a_prefix_onto_a_full_cache_is_charged_for_what_it_evicts() -> None:

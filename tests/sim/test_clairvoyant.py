@@ -94,19 +94,27 @@ def test_queued_work_counts_waiting_uncached_and_running_prefill() -> None:
     assert predict_ttft_ms(engine, hashes_of(engine, prompt), 500) == pytest.approx(8.0 + 2.0 + 0.15 * 4 + 0.06 * work)
 
 
-def test_a_prefix_still_computing_is_missed_alongside_and_hit_after() -> None:
-    """Blocks are cached when their prefill completes: a request admitted in the same step as
-    the one computing its prefix misses it; one admitted a step later hits it."""
+def test_a_prefix_still_computing_is_hit_by_a_request_queued_behind_it() -> None:
+    """Blocks are cached once the chunk computing them is scheduled (vLLM V1): a request
+    admitted in the same step as the one computing its prefix hits all of it."""
     engine = replica(0).engine
     system = tokens(1, 6000)
     waiting(engine, system + tokens(10_000, 1200))  # 7,200 tokens: one step, 992 tokens of budget left
     prompt = system + tokens(20_000, 1200)
-    alongside = 8.0 + 2.0 + 0.15 + 0.06 * 8192 + 8.0 + 2.0 + 0.06 * (7200 - 992)
-    assert predict_ttft_ms(engine, hashes_of(engine, prompt), len(prompt)) == pytest.approx(alongside)
-    waiting(engine, tokens(30_000, 992))  # fills the first step: ours is admitted in the second
     hit = 6000 // 16 * 16
-    after = 8.0 + 2.0 + 0.15 + 0.06 * 8192 + 8.0 + 2.0 + 0.06 * (7200 - hit)
-    assert predict_ttft_ms(engine, hashes_of(engine, prompt), len(prompt)) == pytest.approx(after)
+    # Step 1: the 7,200 and the first 992 of ours (2 sequences); step 2: the rest of ours.
+    alongside = 8.0 + 2.0 + 0.15 + 0.06 * 8192 + 8.0 + 2.0 + 0.06 * (7200 - hit - 992)
+    assert predict_ttft_ms(engine, hashes_of(engine, prompt), len(prompt)) == pytest.approx(alongside)
+
+
+def test_a_prompt_longer_than_a_step_is_hit_once_its_last_chunk_is_scheduled() -> None:
+    engine = replica(0).engine
+    system = tokens(1, 12_000)
+    waiting(engine, system + tokens(10_000, 1200))  # 13,200 tokens: 8,192 then 5,008 with ours
+    prompt = system + tokens(20_000, 1200)
+    hit = 12_000 // 16 * 16
+    expected = 8.0 + 2.0 + 0.06 * 8192 + 8.0 + 2.0 + 0.15 + 0.06 * (5008 + 13_200 - hit)
+    assert predict_ttft_ms(engine, hashes_of(engine, prompt), len(prompt)) == pytest.approx(expected)
 
 
 def test_a_long_queue_on_the_warm_replica_loses_to_an_idle_cold_one() -> None:

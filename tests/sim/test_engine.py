@@ -77,6 +77,21 @@ async def test_second_identical_request_hits_cache_and_is_faster() -> None:
         assert eng.stats.prefix_queries == 2000 and eng.stats.prefix_hits == 992
 
 
+async def test_a_request_queued_behind_its_prefix_hits_it_while_it_is_computed() -> None:
+    """vLLM V1 caches blocks when their chunk is scheduled: a request admitted in the same step
+    as the one computing its prefix, or while a long prompt's later chunks still run, hits them."""
+    async with engine() as eng:
+        shared = prompt(3000)
+        first, second = SimRequest(shared + prompt(200, 1), 2), SimRequest(shared + prompt(200, 2), 2)
+        await finish(eng, [first, second])  # one step: 3,200 + 3,200 - 3,000 tokens
+        assert (first.cached_tokens, second.cached_tokens) == (0, 3000 // 16 * 16)
+    cfg = FAST.replace(max_num_batched_tokens=1000)
+    async with engine(cfg) as eng:
+        first, second = SimRequest(prompt(2500), 2), SimRequest(prompt(2500), 2)
+        await finish(eng, [first, second])  # second is admitted in the step of first's last chunk
+        assert second.cached_tokens == (2500 - 1) // 16 * 16
+
+
 async def test_fifo_queue_and_ttft_grows_with_queue_length() -> None:
     cfg = FAST.replace(max_num_seqs=1, time_scale=5.0)  # arrivals a few wall-ms apart stay in order
     async with engine(cfg) as eng:

@@ -4,8 +4,8 @@ For each candidate e (extproc/scheduling/latency.py for the model):
 
 1. cached(e): prompt tokens predicted cached on e -- the precise index's matched share of the
    prompt where e's KV events are usable, else the approximate index's matched bytes / bytes per
-   token -- less what a request still prefilling there has yet to compute (latency.py, "Prefixes
-   still being computed"); uncached(e) = prompt tokens - cached(e).
+   token (a prefix still being computed there counts: latency.py); uncached(e) = prompt tokens -
+   cached(e).
 2. ttft(e): queued prefill work on e plus uncached(e), at e's prefill rate, plus decode contention.
    Prefix affinity needs no weight of its own: a warm replica has less to prefill, and it keeps the
    prefix until its queue costs more than a cold replica's full prefill ("sticky until saturated").
@@ -115,7 +115,6 @@ class PredictedTtftScorer:
         predictions = request.predictions
         family = request.block_hashes[0] if request.block_hashes else None
         works = [model.work(ep, now) for ep in endpoints]
-        cached = [model.computed(w, family, hit) for w, hit in zip(works, cached, strict=True)]
         most = max(cached, default=0.0)
         home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
         for ep, w, hit in zip(endpoints, works, cached, strict=True):
@@ -145,8 +144,7 @@ class PredictedTtftScorer:
         w = self.model.work(chosen, now)
         family = request.block_hashes[0] if request.block_hashes else None
         _, tokens = self._prompt_size(request)
-        self.model.routed(chosen, uncached, ttft / w.slowdown, now, family, tokens - uncached,
-                          request.prompt_bytes)
+        self.model.routed(chosen, uncached, ttft / w.slowdown, now, request.prompt_bytes)
         if self.auto_tune:
             self._retune(chosen)
         request.backlog_mark = (chosen.key, self.model.mark(chosen))
