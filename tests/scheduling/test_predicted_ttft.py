@@ -112,6 +112,27 @@ def test_copying_a_prefix_onto_a_full_cache_is_charged_for_what_it_evicts() -> N
         clock.now += 100.0
 
 
+def test_a_new_prefix_on_full_caches_goes_where_fewer_families_live() -> None:
+    clock = Clock()
+    a, b = pool(2)
+    for eviction_weight, expected in ((0.0, a), (1.0, b)):
+        index = PrefixIndex(130)
+        s = scheduler(clock, index, eviction_weight=eviction_weight)
+        scorer = ttft_scorer(s)
+        index.record(a.key, request(b"F" * 8000).block_hashes)  # both caches full
+        index.record(b.key, request(b"G" * 8000).block_hashes)
+        scorer.model.routed(b, 100_000, None, clock.now)  # b busy: three new families go to a
+        for i in range(3):
+            assert s.schedule(request(bytes([65 + i]) * 4000, f"f{i}"), [a, b]).primary is a
+        clock.now += 100.0  # every queue drained
+        scorer.model.routed(b, 100, None, clock.now)
+        # A fourth new family: a is idle (10 + 100 ms), b is 10 ms busier; a is home to all three
+        # families (mean 1.5), so placing it there is charged 1,000 tokens x 0.1 ms x 3 / 1.5.
+        d = s.schedule(request(b"N" * 4000, f"new{eviction_weight}"), [a, b])
+        assert d.primary is expected
+        clock.now += 100.0
+
+
 def test_fullness_comes_from_the_prefix_index() -> None:
     clock = Clock()
     a, b = pool(2)

@@ -15,11 +15,15 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    cached, or, for every endpoint but the family's home (where the family's requests were last
    placed), the tokens its requests were seen to share, even when the index has forgotten them:
    under pressure the index forgets first, and scattering a family over the pool is what
-   fills every cache with the same prefixes. fullness(e) = blocks the
-   prefix index holds for e / its capacity (tuned from the engine's num_gpu_blocks), or the
-   engine's vllm:kv_cache_usage_perc when higher. So a prefix
-   is copied once the queue on its holders outweighs the prefill AND the recompute it displaces,
-   and spreads only onto as many replicas as its load needs.
+   fills every cache with the same prefixes. fullness(e) = blocks the prefix index holds for e /
+   its capacity (tuned from the engine's num_gpu_blocks), or the engine's
+   vllm:kv_cache_usage_perc when higher. So a prefix is copied once the queue on its holders
+   outweighs the prefill AND the recompute it displaces, and spreads only onto as many replicas
+   as its load needs. A prompt that no candidate holds (a new prefix, or one every cache has
+   forgotten) evicts as much wherever it goes, but what it evicts is likelier to be live where
+   more families make their home; so it is placed by cache room: cost(e) += eviction_weight x
+   fullness(e) x prompt tokens x prefill_ms_per_token x slowdown(e) x homes(e) / mean homes per
+   candidate, homes(e) being the other families whose home is e.
 4. Affinity hints (prompt_cache_key, session header): an endpoint in `request.affinity_match`
    is credited with affinity_credit (0.5) of this request's uncached prefill time there: the key
    says the prompt shares more with that endpoint's earlier requests than the index can see, so
@@ -66,6 +70,7 @@ class PredictedTtftScorer:
         self._clock = clock
         # Prefix family (first block) -> (endpoint it was last placed on, tokens its requests shared).
         self._homes: dict[int, tuple[str, float]] = {}
+        self._home_counts: dict[str, int] = {}  # endpoint -> families whose home it is
 
     def bind_index(self, index: PrefixIndex) -> None:
         self.index = index
@@ -117,6 +122,9 @@ class PredictedTtftScorer:
         works = [model.work(ep, now) for ep in endpoints]
         most = max(cached, default=0.0)
         home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
+        # A prompt no candidate holds is placed by cache room (3. above), among the other families.
+        others = len(self._homes) - (1 if home_key else 0)
+        mean_homes = others / len(endpoints) if most <= 0 and endpoints else 0.0
         for ep, w, hit in zip(endpoints, works, cached, strict=True):
             uncached = tokens - hit
             ttft = w.slowdown * model.base_ttft_ms(ep, w, uncached)
@@ -125,6 +133,9 @@ class PredictedTtftScorer:
             if c.eviction_weight and hit < held:
                 cost += (c.eviction_weight * self._fullness(ep) * (held - hit)
                          * c.prefill_ms_per_token * w.slowdown)
+            if c.eviction_weight and mean_homes > 0:
+                cost += (c.eviction_weight * self._fullness(ep) * tokens * c.prefill_ms_per_token
+                         * w.slowdown * self._other_homes(ep.key, home_key) / mean_homes)
             if ep.key in request.affinity_match:
                 cost -= c.affinity_credit * uncached * c.prefill_ms_per_token * w.slowdown
             predictions[ep.key] = (ttft, uncached)
@@ -150,10 +161,24 @@ class PredictedTtftScorer:
         request.backlog_mark = (chosen.key, self.model.mark(chosen))
         if family is not None:
             homes = self._homes
-            _, shared = homes.pop(family, ("", 0.0))
+            before, shared = homes.pop(family, ("", 0.0))
+            if before:
+                self._unhome(before)
             homes[family] = (chosen.key, max(shared, tokens - uncached))  # re-inserted last: LRU order
+            counts = self._home_counts
+            counts[chosen.key] = counts.get(chosen.key, 0) + 1
             if len(homes) > MAX_HOMES:
-                del homes[next(iter(homes))]
+                self._unhome(homes.pop(next(iter(homes)))[0])
+
+    def _other_homes(self, key: str, home_key: str) -> int:
+        return self._home_counts.get(key, 0) - (1 if key == home_key else 0)
+
+    def _unhome(self, key: str) -> None:
+        left = self._home_counts[key] - 1
+        if left:
+            self._home_counts[key] = left
+        else:
+            del self._home_counts[key]
 
     def finished(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
         mark = request.backlog_mark
