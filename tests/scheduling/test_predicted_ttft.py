@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from extproc.config import EppConfig, LatencyConfig
+from extproc.config import EppConfig, LatencyConfig, PrefixConfig
 from extproc.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
 from extproc.prefix.hashing import block_hashes
 from extproc.prefix.index import PrefixIndex
@@ -131,6 +131,29 @@ def test_a_new_prefix_on_full_caches_goes_where_fewer_families_live() -> None:
         d = s.schedule(request(b"N" * 4000, f"new{eviction_weight}"), [a, b])
         assert d.primary is expected
         clock.now += 100.0
+
+
+def test_a_prompt_matched_as_far_as_it_is_hashed_counts_as_cached() -> None:
+    """Hashing stops at max_prefix_blocks: a long document asked again matches every block looked
+    up, and the rest of it is taken as cached, not recomputed."""
+    clock = Clock()
+    a, b = pool(2)
+    cfg = EppConfig(seed=1, latency=LATENCY, prefix=PrefixConfig(max_prefix_blocks=8))
+    s = build_scheduler(cfg, PrefixIndex(100_000), clock=clock)
+    doc = b"D" * 4000  # 1,000 tokens, 62 blocks: only the first 8 (128 tokens) are hashed
+
+    def long_request(question: bytes, rid: str) -> SchedulingRequest:
+        text = doc + question
+        return SchedulingRequest(request_id=rid, model="m", block_hashes=block_hashes([text], "m", max_blocks=8),
+                                 prompt_bytes=len(text))
+
+    first = s.schedule(long_request(b"q1" * 20, "d1"), [a, b]).primary
+    clock.now += 100.0
+    d = s.schedule(long_request(b"q2" * 20, "d2"), [a, b])
+    assert d.primary is first and d.request is not None
+    assert d.request.predictions[first.key][1] == 0.0  # not 1,010 - 128 tokens
+    other = b if first is a else a
+    assert d.request.predictions[other.key][1] == pytest.approx(1010)
 
 
 def test_fullness_comes_from_the_prefix_index() -> None:

@@ -3,9 +3,10 @@
 For each candidate e (extproc/scheduling/latency.py for the model):
 
 1. cached(e): prompt tokens predicted cached on e -- the precise index's matched share of the
-   prompt where e's KV events are usable, else the approximate index's matched bytes / bytes per
-   token (a prefix still being computed there counts: latency.py); uncached(e) = prompt tokens -
-   cached(e).
+   prompt where e's KV events are usable, else the approximate index's matched share of the
+   prompt's bytes, in tokens; a match of all max_prefix_blocks looked up counts as the whole
+   prompt (what lies beyond is not hashed). A prefix still being computed there counts
+   (latency.py). uncached(e) = prompt tokens - cached(e).
 2. ttft(e): queued prefill work on e plus uncached(e), at e's prefill rate, plus decode contention.
    Prefix affinity needs no weight of its own: a warm replica has less to prefill, and it keeps the
    prefix until its queue costs more than a cold replica's full prefill ("sticky until saturated").
@@ -61,6 +62,7 @@ class PredictedTtftScorer:
         if self.config.eviction_weight < 0 or self.config.affinity_credit < 0:
             raise ValueError("latency: eviction_weight and affinity_credit must be >= 0")
         self.block_size_bytes = config.prefix.block_size_bytes
+        self.max_prefix_blocks = config.prefix.max_prefix_blocks
         self.auto_tune = config.prefix.auto_tune
         # The precise index's matches count only with --prefix-scorer precise; --kv-events alone
         # compares the two indexes' predictions without changing the routing.
@@ -90,8 +92,13 @@ class PredictedTtftScorer:
         keys = len(request.token_keys or ())
         if self.precise and keys and ep.key in request.precise_usable:
             return tokens * request.precise_match.get(ep.key, 0) / keys
+        matched = request.prefix_match.get(ep.key, 0)
+        if matched >= self.max_prefix_blocks:
+            # Hashing stops at max_prefix_blocks: a prompt that agrees that far (a 30k-token
+            # document asked again) is taken as cached beyond, not as 70% cached.
+            return tokens
         # The matched share of the prompt's bytes, in tokens (exact or estimated, as `tokens`).
-        matched_bytes = request.prefix_match.get(ep.key, 0) * self.block_size_bytes
+        matched_bytes = matched * self.block_size_bytes
         return tokens * min(matched_bytes / prompt_bytes, 1.0) if prompt_bytes > 0 else 0.0
 
     def _prompt_size(self, request: SchedulingRequest) -> tuple[int, float]:
