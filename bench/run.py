@@ -30,7 +30,7 @@ plan): both flag a machine too busy to trust the figures. The run prints its est
     python -m bench.run --workloads hot-prefix --routers prefix-epp \\
         --picker-variant "--spill-absolute 2"  # also run prefix-epp with other flags
     python -m bench.run --workloads cache-pressure shared-prefix --routers prefix-epp prefix-epp-precise \\
-        --name bench-precise                   # precise vs approximate (KV events, closed-loop accuracy)
+        --closed-loop --name bench-precise     # precise vs approximate (KV events, closed-loop accuracy)
 """
 
 from __future__ import annotations
@@ -73,16 +73,26 @@ ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_p
                 "clairvoyant": "the simulator's clairvoyant front (true caches and queues; a reference)"}
 
 
+# --closed-loop: the picker reads every response's usage (cached tokens) instead of the default
+# sample, so the table gets both scorers' prediction accuracy on every request.
+CLOSED_LOOP_ARGS = ("--usage-sample-rate", "1")
+
+
 @dataclass(frozen=True)
 class RouterSpec:
     """A router setup to run: `name` from bench.routers.ROUTERS; picker flags for prefix-epp variants."""
 
     name: str
     picker_args: tuple[str, ...] = ()
+    closed_loop: bool = False  # sample every response's usage: the closed-loop accuracy of every request
 
     @property
     def label(self) -> str:
         return f"{self.name} {shlex.join(self.picker_args)}" if self.picker_args else self.name
+
+    @property
+    def all_picker_args(self) -> tuple[str, ...]:
+        return (*CLOSED_LOOP_ARGS, *self.picker_args) if self.closed_loop else self.picker_args
 
 
 @dataclass
@@ -139,7 +149,7 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     say(f"[{router.label}] starting {sim.replicas} simulated replicas ({sim.kv_cache_blocks} KV blocks each)")
     with sim_replicas(tmp, sim) as pool:
         say(f"[{router.label}] starting the router ({ROUTER_PARTS.get(router.name, router.name)})")
-        with start(router.name, tmp, pool.addresses, router.picker_args, pool.kv_events, pool.front) as handle:
+        with start(router.name, tmp, pool.addresses, router.all_picker_args, pool.kv_events, pool.front) as handle:
             asyncio.run(client.probe(handle.url))
             say(f"[{router.label}] sending {workload.requests} requests over ~{workload.duration_s:.0f} s")
             busy0, total0 = _cpu_busy()
@@ -238,7 +248,8 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     """
     oracle: dict[str, OracleResult] = {}
     config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
-                              "repeat": repeat, "workloads": {}}
+                              "repeat": repeat, "closed_loop": any(r.closed_loop for r in routers),
+                              "workloads": {}}
     if any(r.name == "go-epp" for r in routers):
         why = go_epp_available()
         if why:  # `make bench` on a machine without Go: the table says go-epp was not run, and why
@@ -323,6 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"default: {' '.join(DEFAULT_ROUTERS)}")
     p.add_argument("--picker-variant", action="append", default=[], metavar="FLAGS",
                    help="also run prefix-epp with these extra flags, e.g. '--spill-absolute 2' (repeatable)")
+    p.add_argument("--closed-loop", action="store_true",
+                   help="prefix-epp setups read every response's usage (--usage-sample-rate 1): prediction "
+                        "accuracy on every request, at a picker round trip per streamed chunk")
     p.add_argument("--repeat", type=int, default=1, help="run the whole matrix this many times (same workloads)")
     p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS)
     p.add_argument("--load", type=float, default=1.0, help="multiply every arrival rate (calibration)")
@@ -334,8 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
-    routers = [RouterSpec(r) for r in args.routers]
-    routers += [RouterSpec("prefix-epp", tuple(shlex.split(v))) for v in args.picker_variant]
+    routers = [RouterSpec(r, closed_loop=args.closed_loop) for r in args.routers]
+    routers += [RouterSpec("prefix-epp", tuple(shlex.split(v)), args.closed_loop) for v in args.picker_variant]
     name = args.name or ("bench-quick" if args.quick else "bench")
     if args.render_only:
         render_only(args.out_dir, name)

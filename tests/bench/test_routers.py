@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.routers import KV_EVENT_ROUTERS, ROUTERS, picker_flags, picker_setup, start
+from bench.run import RouterSpec
 from tests.support.procs import REPO_ROOT
 
 
@@ -46,3 +47,12 @@ def test_clairvoyant_setup_is_the_simulators_front() -> None:
         assert router.url == "http://127.0.0.1:7" and router.procs == ()
     with pytest.raises(ValueError, match="front"):
         start("clairvoyant", Path("/nonexistent"), ["127.0.0.1:1"])
+
+
+def test_closed_loop_samples_every_response_without_renaming_the_router() -> None:
+    closed = RouterSpec("prefix-epp-precise", ("--spill-absolute", "2"), closed_loop=True)
+    assert closed.all_picker_args == ("--usage-sample-rate", "1", "--spill-absolute", "2")
+    assert closed.label == "prefix-epp-precise --spill-absolute 2"  # rows and targets keep their names
+    assert RouterSpec("prefix-epp").all_picker_args == ()
+    _, flags = picker_setup("prefix-epp", ["127.0.0.1:1"], closed.all_picker_args)
+    assert flags[:2] == ("--usage-sample-rate", "1")
