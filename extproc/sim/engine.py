@@ -13,8 +13,9 @@ One asyncio task per replica runs engine *steps*, like vLLM V1's scheduler loop:
    admitted later in the same step, or in any later step, hits the blocks of every chunk
    scheduled before it (the step writes every KV before attention reads any); only blocks of
    chunks not yet scheduled (a long prompt's later chunks) are missed.
-2. Plan a step: every running request past prefill decodes one token; the remaining token budget
-   (`max_num_batched_tokens`) goes to prefill chunks in admission order (chunked prefill).
+2. Plan a step: every running request past prefill decodes one token, and the prefill chunks
+   chosen in step 1 run: the remaining token budget (`max_num_batched_tokens`) goes to them in
+   admission order (chunked prefill).
 3. Cost it, in model milliseconds::
 
        step = inter_token_latency + decode_time_per_seq * (sequences in step - 1)
@@ -154,6 +155,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._waiter: asyncio.Future[bool] | None = None
         self._woken_at = 0.0  # model time of the arrival or abort that cut the last sleep short
+        self._prefills: list[tuple[SimRequest, int]] = []  # this step's prefill chunks (`_admit`)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -252,10 +254,10 @@ class Engine:
         cfg = self.config
         skipped: list[SimRequest] = []
         budget = cfg.max_num_batched_tokens - sum(1 for r in self.running if r.prefill_left == 0)
+        self._prefills = []
         for r in self.running:  # their chunks come first in the step, in admission order
-            if r.prefill_left > 0:
-                self._schedule_chunk(r, max(0, min(r.prefill_left, budget)))
-                budget -= r.prefill_left
+            if r.prefill_left > 0 and budget > 0:
+                budget -= self._schedule_chunk(r, budget)
         while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
             req = self.waiting[0]
             if req.lora and req.lora not in self._lora_running and len(self._lora_running) >= cfg.max_loras:
@@ -270,8 +272,7 @@ class Engine:
             req.alloc = alloc
             req.cached_tokens = alloc.cached_tokens
             req.prefill_left = n_prompt - alloc.cached_tokens
-            self._schedule_chunk(req, min(req.prefill_left, budget))
-            budget -= req.prefill_left
+            budget -= self._schedule_chunk(req, budget)
             req.arrival = min(req.arrival, self.clock)
             self.stats.queue.observe(self.clock - req.arrival)
             self.stats.prefix_queries += n_prompt
@@ -282,24 +283,20 @@ class Engine:
         if skipped:
             self.waiting.extendleft(reversed(skipped))
 
-    def _schedule_chunk(self, req: SimRequest, chunk: int) -> None:
-        """Cache the full blocks the request's prefill covers once this step's `chunk` is done."""
-        if chunk > 0 and req.alloc is not None:
-            blocks = (len(req.prompt_tokens) - req.prefill_left + chunk) // self.cache.block_size
-            self.cache.commit(req.alloc, req.prompt_hashes[:blocks], req.prompt_tokens)
+    def _schedule_chunk(self, req: SimRequest, budget: int) -> int:
+        """Put the next chunk of the request's prefill in this step (at most `budget` tokens) and
+        cache the full blocks it covers, as vLLM V1 does when it schedules them; the chunk's size."""
+        chunk = min(req.prefill_left, budget)
+        self._prefills.append((req, chunk))
+        assert req.alloc is not None
+        blocks = (len(req.prompt_tokens) - req.prefill_left + chunk) // self.cache.block_size
+        self.cache.commit(req.alloc, req.prompt_hashes[:blocks], req.prompt_tokens)
+        return chunk
 
     def _plan(self) -> _Step:
         cfg = self.config
         decodes = [r for r in self.running if r.prefill_left == 0]
-        budget = cfg.max_num_batched_tokens - len(decodes)
-        prefills: list[tuple[SimRequest, int]] = []
-        for req in self.running:
-            if budget <= 0:
-                break
-            if req.prefill_left > 0:
-                chunk = min(req.prefill_left, budget)
-                prefills.append((req, chunk))
-                budget -= chunk
+        prefills = self._prefills  # chosen by `_admit`, which caches their blocks
         n_seqs = len(decodes) + len(prefills)
         ms = cfg.inter_token_latency + cfg.decode_time_per_seq * max(0, n_seqs - 1)
         if prefills:
@@ -323,8 +320,6 @@ class Engine:
                 continue
             req.prefill_left -= chunk
             if req.prefill_left == 0:
-                assert req.alloc is not None
-                self.cache.commit(req.alloc, req.prompt_hashes, req.prompt_tokens)
                 req.generated = 1
                 req.first_token_at = end
                 self.stats.ttft.observe(end - req.arrival)
