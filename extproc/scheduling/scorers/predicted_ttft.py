@@ -137,12 +137,12 @@ class PredictedTtftScorer:
             ttft = w.slowdown * model.base_ttft_ms(ep, w, uncached)
             cost = ttft
             held = most if ep.key == home_key else max(most, min(shared, tokens))
-            if c.eviction_weight and hit < held:
-                cost += (c.eviction_weight * self._fullness(ep) * (held - hit)
-                         * c.prefill_ms_per_token * w.slowdown)
-            if c.eviction_weight and mean_homes > 0:
-                cost += (c.eviction_weight * self._fullness(ep) * tokens * c.prefill_ms_per_token
-                         * w.slowdown * self._other_homes(ep.key, home_key) / mean_homes)
+            if c.eviction_weight and (hit < held or mean_homes > 0):
+                # The recompute a full cache displaces, per token placed there.
+                evict_ms = c.eviction_weight * self._fullness(ep) * c.prefill_ms_per_token * w.slowdown
+                cost += evict_ms * max(0.0, held - hit)
+                if mean_homes > 0:
+                    cost += evict_ms * tokens * self._other_homes(ep.key, home_key) / mean_homes
             if ep.key in request.affinity_match:
                 cost -= c.affinity_credit * uncached * c.prefill_ms_per_token * w.slowdown
             predictions[ep.key] = (ttft, uncached)
