@@ -18,8 +18,12 @@ datastore; nothing here runs off the request path):
 - bytes per token (pool-wide, for prompts the picker did not tokenize): once a scrape shows at
   least MIN_FIRST_TOKENS new requests in the TTFT histogram and MIN_ROUTED were routed there,
       ratio = (prompt bytes routed / requests routed) / (delta vllm:prompt_tokens_total / delta count)
-  smoothed like the slowdown, clamped to [1, 16]; PrefixConfig.bytes_per_token (4) until then.
-  Means of both sides, so peer pickers routing to the same engines do not skew it.
+  clamped to [1, 16]; PrefixConfig.bytes_per_token (4) until then. The first window replaces the
+  prior, the n-th weighs 1/n (a running mean) until 1/n falls to ALPHA, then ALPHA smooths as for
+  the slowdown: a prior off by 60% (text that tokenizes unlike English) would otherwise take ten
+  windows to fade, mis-sizing every prompt and the index's capacity meanwhile. Means of both
+  sides, so peer pickers routing to the same engines do not skew it. (vLLM V1 counts a prompt's
+  tokens with its first token, so both counters cover the same requests.)
 
 A finished request (its response ended) had its prefill done, and so had everything routed there
 before it (FIFO): B <= tokens routed there after it.
@@ -97,6 +101,7 @@ class LatencyModel:
             raise ValueError("latency: min_slowdown must be in (0, 1] and max_slowdown >= 1")
         self.config = config
         self.bytes_per_token = bytes_per_token
+        self._bpt_windows = 0  # bytes-per-token windows measured so far (pool-wide)
         self.clock = clock
         self._work: dict[str, EndpointWork] = {}
 
@@ -134,7 +139,10 @@ class LatencyModel:
         tokens = prompt_tokens - w.prompt_tokens
         if tokens > 0 and w.bytes_routed > 0:
             ratio = (w.bytes_routed / w.bytes_requests) / (tokens / seen)
-            bpt = self.bytes_per_token + ALPHA * (ratio - self.bytes_per_token)
+            # A running mean until its weight falls to ALPHA's: the prior is only a stand-in.
+            self._bpt_windows += 1
+            step = max(ALPHA, 1.0 / self._bpt_windows)
+            bpt = self.bytes_per_token + step * (ratio - self.bytes_per_token)
             self.bytes_per_token = min(max(bpt, MIN_BYTES_PER_TOKEN), MAX_BYTES_PER_TOKEN)
         w.prompt_tokens, w.requests, w.bytes_routed, w.bytes_requests = prompt_tokens, requests, 0.0, 0
 

@@ -322,7 +322,10 @@ class Engine:
             if req.prefill_left == 0:
                 req.generated = 1
                 req.first_token_at = end
+                # vLLM V1 counts a prompt's tokens with its first token (IterationStats), not at
+                # the end: a router pairing the two counters over a window relies on it.
                 self.stats.ttft.observe(end - req.arrival)
+                self.stats.prompt_tokens += len(req.prompt_tokens)
                 touched.append(req)
         for req in step.decodes:
             if not req.aborted:
@@ -361,7 +364,6 @@ class Engine:
         self._release(req)
         stats = self.stats
         stats.requests_success += 1
-        stats.prompt_tokens += len(req.prompt_tokens)
         stats.generation_tokens += req.generated
         stats.e2e.observe(end - req.arrival)
         if req.generated > 1 and req.first_token_at is not None:

@@ -15,7 +15,8 @@ Exposed (labels `model_name=<first served name>` unless noted):
   histograms  vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds,
               vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds (model time,
               vLLM's bucket bounds)
-Counters carry no `_created` series, as vLLM's exposition does not.
+Counters carry no `_created` series, as vLLM's exposition does not. As in vLLM V1, a request's
+prompt tokens are counted with its first token (when its TTFT is observed), not when it ends.
 """
 
 from __future__ import annotations

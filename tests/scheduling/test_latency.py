@@ -155,3 +155,34 @@ def test_an_answered_request_clears_what_was_queued_before_it() -> None:
     assert model.work(ep, clock.now).backlog == 2000
     model.finished(ep, marks[2], clock.now)
     assert model.work(ep, clock.now).backlog == 0
+
+
+def test_bytes_per_token_is_measured_from_the_first_window_then_averaged() -> None:
+    """The prior (4) stands until a scrape window pairs the prompt bytes routed with the engine's
+    prompt tokens per first token; that window replaces it, the next ones average in (1/n)."""
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+
+    def window(requests: int, bytes_each: int, tokens_each: int, counters: list[float]) -> float:
+        for _ in range(requests):
+            model.routed(ep, 0, None, clock.now, prompt_bytes=bytes_each)
+        counters[0] += requests
+        counters[1] += requests * tokens_each
+        clock.now += 1.0
+        ds.set_metrics(ep.key, ModelServerMetrics(ttft_count=counters[0], prompt_tokens=counters[1],
+                                                  updated_at=clock.now, ok=True))
+        model.work(ep, clock.now)
+        return model.bytes_per_token
+
+    counters = [0.0, 0.0]
+    assert window(0, 0, 0, counters) == 4  # the first scrape only opens the window
+    assert window(3, 6400, 1000, counters) == 4  # too few requests to measure
+    assert window(5, 6400, 1000, counters) == pytest.approx(6.4)  # 8 requests: measured
+    assert window(8, 8000, 1000, counters) == pytest.approx(7.2)  # (6.4 + 8.0) / 2
+    assert window(8, 7200, 1000, counters) == pytest.approx(7.2)  # the mean of three
+    assert window(8, 4800, 1000, counters) == pytest.approx(6.6)  # (7.2 x 3 + 4.8) / 4
+    assert window(8, 6600, 1000, counters) == pytest.approx(6.6)  # the fifth: weight 1/5 = ALPHA
+    assert window(8, 7600, 1000, counters) == pytest.approx(6.8)  # from now on, ALPHA
+    assert window(8, 64_000, 1000, counters) == 16.0  # clamped
+    assert model.prompt_tokens(0, 32_000) == 2000  # prompts the picker did not tokenize

@@ -225,3 +225,16 @@ async def test_non_streaming_decode_does_not_wake_per_token() -> None:
         assert steps == 50  # streaming: one step per token (stream_interval 1)
     finally:
         await eng.close()
+
+
+async def test_prompt_tokens_are_counted_with_the_first_token() -> None:
+    """As vLLM V1's IterationStats: vllm:prompt_tokens and the TTFT histogram move together, so
+    a router pairing them over a window sees every prompt whose first token it counts."""
+    async with engine() as eng:
+        r = SimRequest(prompt(1000), 2000)
+        eng.submit(r)
+        await until(lambda: r.first_token_at is not None)
+        assert not r.done.is_set()
+        assert (eng.stats.ttft.count, eng.stats.prompt_tokens) == (1, 1000)
+        await asyncio.wait_for(r.done.wait(), 15)
+        assert (eng.stats.ttft.count, eng.stats.prompt_tokens, eng.stats.requests_success) == (1, 1000, 1)
