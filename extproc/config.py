@@ -76,8 +76,10 @@ class LatencyConfig:
     decode_ms_per_seq: float = 0.15  # what each running sequence adds to every engine step
     step_tokens: int = 8192  # vLLM max_num_batched_tokens: prefill tokens per engine step
     # Copying a prefix onto a replica whose cache is full evicts as many tokens of other prefixes;
-    # they are charged at this share of their prefill time (0: capacity is ignored).
-    eviction_weight: float = 1.0
+    # they are charged at this multiple of their prefill time (0: capacity is ignored). Under
+    # pressure an evicted prefix's return evicts another in turn, so one recompute undercounts:
+    # 2 measured best (README, "Capacity").
+    eviction_weight: float = 2.0
     # A replica that served the request's affinity key (prompt_cache_key, session header) is
     # credited with this share of the request's uncached prefill: the key says the prompt shares
     # more with that replica's earlier requests than the prefix index can see.

@@ -104,8 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="predicted-ttft prior: prefill milliseconds per prompt token (learned per endpoint "
                         "from its TTFT histogram)")
     g.add_argument("--eviction-weight", type=float, default=_L.eviction_weight,
-                   help="predicted-ttft: share of the prefill time charged for each token of other prefixes a "
-                        "copy evicts from a full cache (0: ignore capacity)")
+                   help="predicted-ttft: multiple of the prefill time charged for each token of other prefixes "
+                        "a copy evicts from a full cache (0: ignore capacity)")
     g.add_argument("--affinity-credit", type=float, default=_L.affinity_credit,
                    help="predicted-ttft: an endpoint that served the request's affinity key is credited with "
                         "this share of the request's uncached prefill time")

@@ -18,9 +18,10 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    under pressure the index forgets first, and scattering a family over the pool is what
    fills every cache with the same prefixes. fullness(e) = blocks the prefix index holds for e /
    its capacity (tuned from the engine's num_gpu_blocks), or the engine's
-   vllm:kv_cache_usage_perc when higher. So a prefix is copied once the queue on its holders
-   outweighs the prefill AND the recompute it displaces, and spreads only onto as many replicas
-   as its load needs. A prompt that no candidate holds (a new prefix, or one every cache has
+   vllm:kv_cache_usage_perc when higher. eviction_weight is 2 by default: under pressure an
+   evicted prefix returns, is recomputed and evicts another in turn. So a prefix is copied once
+   the queue on its holders outweighs the prefill AND the recompute it displaces, and spreads
+   only onto as many replicas as its load needs. A prompt that no candidate holds (a new prefix, or one every cache has
    forgotten) evicts as much wherever it goes, but what it evicts is likelier to be live where
    more families make their home; so it is placed by cache room: cost(e) += eviction_weight x
    fullness(e) x prompt tokens x prefill_ms_per_token x slowdown(e) x homes(e) / mean homes per
