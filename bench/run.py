@@ -2,15 +2,18 @@
 
 `--repeat N` runs the whole matrix N times, repetition-major (repetition 1: every workload x
 router, then repetition 2, ...), on the SAME seeded workloads, so machine drift hits every router
-alike and the spread measures the machine's noise. For every workload (`bench.workloads`) and
-router (`bench.routers`; default DEFAULT_ROUTERS), in that order:
+alike and the spread measures the machine's noise. `--vary-seed` draws the workloads anew for
+each repetition instead (seeds `--seed`, `--seed` + 1, ...): a router whose choices follow the
+arrival order alone (sglang-router, round-robin) repeats one draw's luck exactly, so comparing
+such a router on one draw measures that draw; the oracle is then pooled over the draws. For every
+workload (`bench.workloads`) and router (`bench.routers`; default DEFAULT_ROUTERS), in that order:
 1. start fresh simulated replicas (cold caches; `--replicas`, real time unless `--time-scale`),
    with the workload's KV-cache size (`bench.workloads.kv_cache_blocks` from the oracle's
    working set), and for `clairvoyant` the simulator's clairvoyant front;
 2. start the router in front of them and wait until a one-token request gets through;
 3. replay the workload open loop (`bench.client`), the same seeded sequence for every router;
 4. read prefix-epp's /metrics (decision latency), stop everything, summarise (`bench.metrics`).
-The oracle bound (`bench.oracle`) is computed once per workload. `bench.aggregate` folds the
+The oracle bound (`bench.oracle`) is computed once per workload and draw. `bench.aggregate` folds the
 repetitions into mean and min-max per (workload, router); the targets are checked on the means.
 
 Writes to --out-dir (bench/results): {name}.json (config, oracle, the means as `results`, their
@@ -239,17 +242,44 @@ def estimate_s(workloads: Sequence[Workload], routers: int, repeat: int) -> floa
     return repeat * routers * sum(w.duration_s + RUN_OVERHEAD_S for w in workloads)
 
 
+@dataclass(frozen=True)
+class Draw:
+    """The workloads drawn with one seed, their infinite-cache oracles and replica settings."""
+
+    workloads: dict[str, Workload]
+    oracle: dict[str, OracleResult]
+    sims: dict[str, SimSettings]
+
+    @classmethod
+    def of(cls, names: Sequence[str], seed: int, *, quick: bool, load: float, replicas: int,
+           time_scale: float) -> Draw:
+        workloads = {w: build(w, quick=quick, seed=seed, load=load) for w in names}
+        oracle = {w: workload_oracle(wl) for w, wl in workloads.items()}
+        sims = {w: sim_settings(oracle[w], replicas, time_scale, wl) for w, wl in workloads.items()}
+        return cls(workloads, oracle, sims)
+
+
+def pooled_oracle(draws: Sequence[Draw]) -> dict[str, OracleResult]:
+    """Per workload, the oracle over every draw's requests (its hit rate: their pooled tokens)."""
+    out: dict[str, OracleResult] = {}
+    for w in draws[0].oracle:
+        runs = [d.oracle[w] for d in draws]
+        out[w] = OracleResult(sum(o.prompt_tokens for o in runs), sum(o.cached_tokens for o in runs),
+                              max(o.working_set_blocks for o in runs), max(o.largest_request_blocks for o in runs))
+    return out
+
+
 def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: bool, replicas: int, load: float,
             time_scale: float, out_dir: Path, name: str, log: Callable[[str], None] = print,
-            work_dir: Path | None = None, repeat: int = 1) -> dict[str, Any]:
-    """The matrix `repeat` times, repetition-major, on the same seeded workloads.
+            work_dir: Path | None = None, repeat: int = 1, seed: int = 0, vary_seed: bool = False) -> dict[str, Any]:
+    """The matrix `repeat` times, repetition-major, on the same seeded workloads (`seed`), or with
+    `vary_seed` on a new draw of them per repetition (seed, seed + 1, ...).
 
     After every run: {name}-r{k} (repetition k so far); after every repetition: {name} (all so far).
     """
-    oracle: dict[str, OracleResult] = {}
     config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
-                              "repeat": repeat, "closed_loop": any(r.closed_loop for r in routers),
-                              "workloads": {}}
+                              "repeat": repeat, "seed": seed, "vary_seed": vary_seed,
+                              "closed_loop": any(r.closed_loop for r in routers), "workloads": {}}
     if any(r.name == "go-epp" for r in routers):
         why = go_epp_available()
         if why:  # `make bench` on a machine without Go: the table says go-epp was not run, and why
@@ -259,18 +289,21 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
         else:
             config["go_epp_build"] = go_epp_build_info()
     candidates = candidates_of([r.label for r in routers])
-    built = {w: build(w, quick=quick, load=load) for w in workloads}
-    sims: dict[str, SimSettings] = {}
-    for wname, workload in built.items():
-        oracle[wname] = workload_oracle(workload)
-        sims[wname] = sim_settings(oracle[wname], replicas, time_scale, workload)
+    seeds = [seed + k for k in range(repeat)] if vary_seed else [seed] * repeat
+    draws = {s: Draw.of(workloads, s, quick=quick, load=load, replicas=replicas, time_scale=time_scale)
+             for s in dict.fromkeys(seeds)}
+    first = draws[seed]
+    oracle = pooled_oracle(list(draws.values()))
+    for wname, workload in first.workloads.items():
+        sim = first.sims[wname]
         config["workloads"][wname] = {"params": dict(workload.params), "requests": workload.requests,
-                                      "kv_cache_blocks_per_replica": sims[wname].kv_cache_blocks}
+                                      "kv_cache_blocks_per_replica": sim.kv_cache_blocks}
         log(f"{wname}: {workload.requests} requests over ~{workload.duration_s:.0f} s, oracle hit rate "
-            f"{oracle[wname].hit_rate:.1%}, prefix working set {oracle[wname].working_set_blocks} blocks, "
-            f"KV cache {sims[wname].kv_cache_blocks} blocks x {replicas} replicas")
+            f"{oracle[wname].hit_rate:.1%}, prefix working set {first.oracle[wname].working_set_blocks} blocks, "
+            f"KV cache {sim.kv_cache_blocks} blocks x {replicas} replicas"
+            + (f" (seed {seed}; seeds {seeds[0]}-{seeds[-1]}, one per repetition)" if vary_seed else ""))
     log(f"{repeat} x {len(workloads)} workloads x {len(routers)} routers = {repeat * len(workloads) * len(routers)} "
-        f"runs, estimated {estimate_s(list(built.values()), len(routers), repeat) / 60:.0f} min")
+        f"runs, estimated {estimate_s(list(first.workloads.values()), len(routers), repeat) / 60:.0f} min")
     raw_dir = out_dir / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
     repetitions: list[Summaries] = []
@@ -282,6 +315,7 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             rep: Summaries = {}
             rep_ttfts: dict[str, dict[str, list[float]]] = {}
             rep_name = f"{name}-r{k}"
+            built, sims = draws[seeds[k - 1]].workloads, draws[seeds[k - 1]].sims
             for wname, workload in built.items():
                 for router in routers:
                     done += 1
@@ -339,6 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "accuracy on every request, at a picker round trip per streamed chunk")
     p.add_argument("--repeat", type=int, default=1, help="run the whole matrix this many times (same workloads)")
     p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS)
+    p.add_argument("--seed", type=int, default=0,
+                   help="workload seed: another draw of the same workloads (prompts, order, arrival times)")
+    p.add_argument("--vary-seed", action="store_true",
+                   help="repetition k runs the workloads drawn with seed + k - 1 (workload variance, not only noise)")
     p.add_argument("--load", type=float, default=1.0, help="multiply every arrival rate (calibration)")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulator speed-up (1: real time)")
     p.add_argument("--out-dir", type=Path, default=Path("bench/results"))
@@ -357,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     result = run_all(args.workloads, routers, quick=args.quick, replicas=args.replicas, load=args.load,
                      time_scale=args.time_scale, out_dir=args.out_dir, name=name,
-                     log=lambda line: print(line, flush=True), work_dir=args.work_dir, repeat=args.repeat)
+                     log=lambda line: print(line, flush=True), work_dir=args.work_dir, repeat=args.repeat,
+                     seed=args.seed, vary_seed=args.vary_seed)
     print((args.out_dir / f"{name}.md").read_text())
     return 0 if result["summaries"] else 1
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import random
-import time
 import tracemalloc
 
 from extproc.kvevents.index import BYTES_PER_ENTRY, PreciseIndex
@@ -101,20 +100,16 @@ def test_bytes_per_entry_is_measured() -> None:
     assert 0.5 * BYTES_PER_ENTRY <= per_entry <= 1.25 * BYTES_PER_ENTRY, per_entry
 
 
-def test_decode_and_apply_throughput() -> None:
+def test_decoded_batches_apply_and_evict_down_to_capacity() -> None:
+    """(How fast is a benchmark figure: bench/components.py.)"""
     rng = random.Random(2)
     payloads = []
-    for _ in range(500):  # vLLM-like steps: a 64-block prompt stored, then 64 older blocks removed
+    for _ in range(200):  # vLLM-like steps: a 64-block prompt stored per batch
         hashes = [rng.getrandbits(64) for _ in range(64)]
         tokens = [rng.randrange(128_000) for _ in range(64 * BS)]
         payloads.append(encode_batch([BlockStored(hashes, None, tokens, BS)], "array", 0.0))
     idx = PreciseIndex(default_capacity=8192)
-    start = time.perf_counter()
     for p in payloads:
         for ev in decode_batch(p).events:
             idx.apply(("10.0.0.9:8000", 0), ev)
-    elapsed = time.perf_counter() - start
-    rate = 500 * 64 / elapsed
-    print(f"precise index: {rate:,.0f} stored blocks/s decoded and applied ({500 / elapsed:,.0f} events/s)")
-    assert idx.stored == 500 * 64 and idx.held("10.0.0.9:8000") == 8192
-    assert rate > 50_000
+    assert idx.stored == 200 * 64 and idx.held("10.0.0.9:8000") == 8192
