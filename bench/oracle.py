@@ -93,3 +93,13 @@ def workload_requests(workload: Workload) -> list[tuple[list[int], list[int]]]:
 
 def workload_oracle(workload: Workload, block_size: int = BLOCK_SIZE) -> OracleResult:
     return oracle(workload_requests(workload), block_size, block_hash_seed(MODEL))
+
+
+def pooled_oracle(oracles: Sequence[dict[str, OracleResult]]) -> dict[str, OracleResult]:
+    """Per workload, the oracle over several draws' requests (its hit rate: their pooled tokens)."""
+    out: dict[str, OracleResult] = {}
+    for w in oracles[0]:
+        runs = [o[w] for o in oracles]
+        out[w] = OracleResult(sum(o.prompt_tokens for o in runs), sum(o.cached_tokens for o in runs),
+                              max(o.working_set_blocks for o in runs), max(o.largest_request_blocks for o in runs))
+    return out

@@ -14,10 +14,11 @@ Checks and reports, per (workload, router), summed over the repetitions:
 - agreement: requests whose replayed cached tokens are within one block of what the engine
   reported (the replay is only evidence where this is near 100%);
 - each request, by what the caches held when it was sent (prefix = its leading blocks):
-  `hit` (served where its prefix was held longest), `cold` (its group's first request: no replica
-  held any of it), `evicted` (a later request of its group, and no replica held any of its prefix
-  any more), `sent away` (another replica held more of its prefix than the one that served it:
-  the router chose load over cache), with the prompt tokens lost to `sent away`;
+  `hit` (some replica held part of its prefix, and it was served where the most was held),
+  `cold` (its group's first request: no replica held any of it), `evicted` (a later request of
+  its group, and no replica held any of its prefix any more), `sent away` (another replica held
+  more of its prefix than the one that served it: the router chose load over cache), with the
+  prompt tokens lost to `sent away`;
 - sticky: the replayed hit rate had every group stayed on the replica of its first request, same
   timing (what the router's moves gained or lost).
 

@@ -55,7 +55,7 @@ from typing import Any
 from bench import client, plots
 from bench.aggregate import aggregate
 from bench.metrics import Target, evaluate_targets, summarize
-from bench.oracle import OracleResult, workload_oracle
+from bench.oracle import OracleResult, pooled_oracle, workload_oracle
 from bench.peers.go_epp import build_info as go_epp_build_info
 from bench.routers import KV_EVENT_ROUTERS, ROUTERS, SimSettings, dead, go_epp_available, sim_replicas, start
 from bench.tables import accuracy_table, clairvoyant_table, fmt, results_table, targets_table
@@ -259,16 +259,6 @@ class Draw:
         return cls(workloads, oracle, sims)
 
 
-def pooled_oracle(draws: Sequence[Draw]) -> dict[str, OracleResult]:
-    """Per workload, the oracle over every draw's requests (its hit rate: their pooled tokens)."""
-    out: dict[str, OracleResult] = {}
-    for w in draws[0].oracle:
-        runs = [d.oracle[w] for d in draws]
-        out[w] = OracleResult(sum(o.prompt_tokens for o in runs), sum(o.cached_tokens for o in runs),
-                              max(o.working_set_blocks for o in runs), max(o.largest_request_blocks for o in runs))
-    return out
-
-
 def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: bool, replicas: int, load: float,
             time_scale: float, out_dir: Path, name: str, log: Callable[[str], None] = print,
             work_dir: Path | None = None, repeat: int = 1, seed: int = 0, vary_seed: bool = False) -> dict[str, Any]:
@@ -293,7 +283,7 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     draws = {s: Draw.of(workloads, s, quick=quick, load=load, replicas=replicas, time_scale=time_scale)
              for s in dict.fromkeys(seeds)}
     first = draws[seed]
-    oracle = pooled_oracle(list(draws.values()))
+    oracle = pooled_oracle([d.oracle for d in draws.values()])
     for wname, workload in first.workloads.items():
         sim = first.sims[wname]
         config["workloads"][wname] = {"params": dict(workload.params), "requests": workload.requests,

@@ -7,7 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from bench.run import Draw, pooled_oracle, process_cpu_s, write_results
+from bench.oracle import pooled_oracle
+from bench.run import Draw, process_cpu_s, write_results
 
 
 def test_process_cpu_counts_this_process_and_ignores_gone_pids() -> None:
@@ -34,7 +35,7 @@ def test_each_seed_draws_other_prompts_on_the_same_pool_and_the_oracle_pools_the
     # Same shape: same request count, and the pool sized alike from each draw's working set.
     assert a.requests == b.requests
     assert first.sims["cache-pressure"].kv_cache_blocks == second.sims["cache-pressure"].kv_cache_blocks
-    pooled = pooled_oracle([first, second])["cache-pressure"]
+    pooled = pooled_oracle([first.oracle, second.oracle])["cache-pressure"]
     o1, o2 = first.oracle["cache-pressure"], second.oracle["cache-pressure"]
     assert pooled.prompt_tokens == o1.prompt_tokens + o2.prompt_tokens
     assert pooled.hit_rate == (o1.cached_tokens + o2.cached_tokens) / (o1.prompt_tokens + o2.prompt_tokens)
