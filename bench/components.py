@@ -92,14 +92,20 @@ def scraper_cost(endpoints: int, seconds: float, log_dir: Path) -> dict[str, flo
         return asyncio.run(_scrape(ports, seconds))
 
 
-def kv_event_rate(batches: int = 500, blocks: int = 64, block_size: int = 16) -> dict[str, float]:
-    """Stored blocks per second, decoded and applied, on an index that evicts as it goes."""
-    rng = random.Random(2)
+def kv_event_batches(batches: int, blocks: int = 64, block_size: int = 16, seed: int = 2) -> list[bytes]:
+    """vLLM-like KV-event batches as the simulator publishes them: one `blocks`-block prompt stored in each."""
+    rng = random.Random(seed)
     payloads = []
     for _ in range(batches):
         hashes = [rng.getrandbits(64) for _ in range(blocks)]
         tokens = [rng.randrange(128_000) for _ in range(blocks * block_size)]
         payloads.append(encode_batch([BlockStored(hashes, None, tokens, block_size)], "array", 0.0))
+    return payloads
+
+
+def kv_event_rate(batches: int = 500, blocks: int = 64, block_size: int = 16) -> dict[str, float]:
+    """Stored blocks per second, decoded and applied, on an index that evicts as it goes."""
+    payloads = kv_event_batches(batches, blocks, block_size)
     idx = PreciseIndex(default_capacity=8192)
     t0 = time.perf_counter()
     for payload in payloads:

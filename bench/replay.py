@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.workloads import Workload, body, build
-from extproc.sim.kvcache import Allocation, KVCache, hash_blocks
-from extproc.tokenizer import encode
+from bench.oracle import prompt_tokens
+from bench.workloads import MODEL, Workload, body, build
+from extproc.sim.kvcache import Allocation, KVCache, block_hash_seed, hash_blocks
 
 BLOCK_SIZE = 16  # the simulator's (extproc/sim/config.py)
 KINDS = ("hit", "cold", "evicted", "sent away")
@@ -62,14 +62,15 @@ class Sent:
 
 def records(workload: Workload, raw: Iterable[dict[str, Any]]) -> list[Sent]:
     sessions = {s.id: s for s in workload.sessions}
+    seed = block_hash_seed(MODEL)
     out = []
     for r in raw:
         if r["status"] != 200 or r["error"] or not r["served_by"]:
             continue
         s = sessions[r["session"]]
-        tokens = encode(body(s, 0, [])[1]["prompt"])
+        tokens = prompt_tokens(*body(s, 0, []))
         out.append(Sent(s.id, s.label, r["sent_s"], r["sent_s"] + r["e2e_s"], r["served_by"][-1], len(tokens),
-                        s.max_tokens, tuple(hash_blocks(tokens, BLOCK_SIZE, 1)), r["cached_tokens"]))
+                        s.max_tokens, tuple(hash_blocks(tokens, BLOCK_SIZE, seed)), r["cached_tokens"]))
     return sorted(out, key=lambda x: x.start)
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bench.replay import BLOCK_SIZE, Sent, analyse, records, replay
-from bench.workloads import body, build
-from extproc.sim.kvcache import hash_blocks
+from bench.workloads import MODEL, body, build
+from extproc.sim.kvcache import block_hash_seed, hash_blocks
 from extproc.tokenizer import encode
 
 PREFIX = list(range(1000, 1000 + 10 * BLOCK_SIZE))  # 10 blocks shared by group "g"
@@ -63,4 +63,4 @@ def test_records_rebuild_the_prompts_of_the_seeded_workload() -> None:
     (x,) = records(w, raw)
     tokens = encode(body(s, 0, [])[1]["prompt"])
     assert x.prompt_tokens == len(tokens) and x.group == s.label and x.end == 3.0
-    assert x.hashes == tuple(hash_blocks(tokens, BLOCK_SIZE, 1))
+    assert x.hashes == tuple(hash_blocks(tokens, BLOCK_SIZE, block_hash_seed(MODEL)))

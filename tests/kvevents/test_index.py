@@ -1,4 +1,4 @@
-"""The precise index: dual keys, removal, ranks, speculation, capacity, memory and throughput."""
+"""The precise index: dual keys, removal, ranks, speculation, capacity, memory and decoded event batches."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ import gc
 import random
 import tracemalloc
 
+from bench.components import kv_event_batches
 from extproc.kvevents.index import BYTES_PER_ENTRY, PreciseIndex
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Removed, Stored, decode_batch
-from extproc.sim.kv_events import encode_batch
-from extproc.sim.kvcache import BlockStored
 
 BS = 16
 TOKENS = list(range(1000, 1000 + 6 * BS))
@@ -102,14 +101,8 @@ def test_bytes_per_entry_is_measured() -> None:
 
 def test_decoded_batches_apply_and_evict_down_to_capacity() -> None:
     """(How fast is a benchmark figure: bench/components.py.)"""
-    rng = random.Random(2)
-    payloads = []
-    for _ in range(200):  # vLLM-like steps: a 64-block prompt stored per batch
-        hashes = [rng.getrandbits(64) for _ in range(64)]
-        tokens = [rng.randrange(128_000) for _ in range(64 * BS)]
-        payloads.append(encode_batch([BlockStored(hashes, None, tokens, BS)], "array", 0.0))
     idx = PreciseIndex(default_capacity=8192)
-    for p in payloads:
+    for p in kv_event_batches(200, blocks=64, block_size=BS):  # a 64-block prompt stored per batch
         for ev in decode_batch(p).events:
             idx.apply(("10.0.0.9:8000", 0), ev)
     assert idx.stored == 200 * 64 and idx.held("10.0.0.9:8000") == 8192
