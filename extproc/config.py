@@ -60,6 +60,7 @@ class WeightsConfig:
 
 
 SCHEDULERS = ("predicted-ttft", "weighted")  # built-in profiles (extproc/scheduling/build.py)
+NEW_PREFIX_PLACEMENTS = ("homes", "churn")  # LatencyConfig.new_prefix_placement
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class LatencyConfig:
     # pressure an evicted prefix's return evicts another in turn, so one recompute undercounts:
     # 2 measured best (README, "Capacity").
     eviction_weight: float = 2.0
+    # Where a prompt no candidate holds goes on full caches (extproc/scheduling/scorers/
+    # predicted_ttft.py, 3.): "homes", where fewer prefix families live, or "churn", where fewer
+    # tokens were recently inserted, so that the new prefix outlives its LRU longest.
+    new_prefix_placement: str = "homes"
     # A replica that served the request's affinity key (prompt_cache_key, session header) is
     # credited with this share of the request's uncached prefill: the key says the prompt shares
     # more with that replica's earlier requests than the prefix index can see.

@@ -14,6 +14,7 @@ from typing import Any
 
 from extproc import logs
 from extproc.config import (
+    NEW_PREFIX_PLACEMENTS,
     SCHEDULERS,
     AffinityConfig,
     DrainConfig,
@@ -106,6 +107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eviction-weight", type=float, default=_L.eviction_weight,
                    help="predicted-ttft: multiple of the prefill time charged for each token of other prefixes "
                         "a copy evicts from a full cache (0: ignore capacity)")
+    g.add_argument("--new-prefix-placement", choices=NEW_PREFIX_PLACEMENTS, default=_L.new_prefix_placement,
+                   help="predicted-ttft: on full caches, place a prompt no endpoint holds where fewer prefix "
+                        "families live (homes) or where fewer tokens were recently inserted (churn)")
     g.add_argument("--affinity-credit", type=float, default=_L.affinity_credit,
                    help="predicted-ttft: an endpoint that served the request's affinity key is credited with "
                         "this share of the request's uncached prefill time")
@@ -165,6 +169,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         weights=replace(_W, prefix=args.prefix_weight, inflight=args.inflight_weight),
         scheduler=args.scheduler,
         latency=replace(_L, prefill_ms_per_token=args.prefill_ms_per_token, eviction_weight=args.eviction_weight,
+                        new_prefix_placement=args.new_prefix_placement,
                         affinity_credit=args.affinity_credit, calibrate=args.ttft_calibration),
         seed=args.seed,
         model_names=tuple(n.strip() for n in args.model_names.split(",") if n.strip()),

@@ -86,16 +86,16 @@ RULES = (
          lo_open=True),
 )
 
-# Flags with a plugin parameter of the same meaning (the file wins).
-PARAMETER_FLAGS = ("--prefix-block-size", "--prefix-max-blocks", "--prefix-lru-capacity", "--spill-relative",
-                   "--spill-absolute", "--max-endpoints", "--kv-events-block-size", "--kv-events-max-blocks",
-                   "--kv-events-index-capacity", "--kv-events-speculative-ttl", "--prefill-ms-per-token",
-                   "--eviction-weight", "--affinity-credit")
+_BY_FLAG = {r.flag: r for r in RULES}
+# Flags with a plugin parameter of the same meaning (the file wins): flag -> EppConfig field.
+PARAMETER_FLAGS = {flag: _BY_FLAG[flag].path for flag in (
+    "--prefix-block-size", "--prefix-max-blocks", "--prefix-lru-capacity", "--spill-relative", "--spill-absolute",
+    "--max-endpoints", "--kv-events-block-size", "--kv-events-max-blocks", "--kv-events-index-capacity",
+    "--kv-events-speculative-ttl", "--prefill-ms-per-token", "--eviction-weight", "--affinity-credit")}
+PARAMETER_FLAGS["--new-prefix-placement"] = "latency.new_prefix_placement"
 # Flags that only shape the built-in profile.
 PROFILE_FLAGS = (("--prefix-weight", "weights.prefix"), ("--inflight-weight", "weights.inflight"),
                  ("--prefix-scorer", "kv_events.prefix_scorer"), ("--scheduler", "scheduler"))
-
-_BY_FLAG = {r.flag: r for r in RULES}
 
 
 def _get(cfg: EppConfig, path: str) -> Any:
@@ -123,8 +123,7 @@ def overridden(flags: EppConfig, loaded: EppConfig) -> list[tuple[str, Any, Any]
     """(flag, flag value, file value) for each non-default flag value the config file replaced."""
     default = EppConfig()
     out = []
-    for flag in PARAMETER_FLAGS:
-        path = _BY_FLAG[flag].path
+    for flag, path in PARAMETER_FLAGS.items():
         given, final = _get(flags, path), _get(loaded, path)
         if given != _get(default, path) and final != given:
             out.append((flag, given, final))

@@ -19,7 +19,8 @@ Plugin types and parameters (every default comes from EppConfig, i.e. from the C
 | precise-prefix-cache-scorer | scorer | blockSize (engine tokens), maxPrefixBlocksToMatch, |
 | | | lruCapacityPerServer, speculativeTTL (Go duration) -> kv_events; turns KV events on |
 | queue-scorer, kv-cache-utilization-scorer, lora-affinity-scorer, inflight-load-scorer | scorer | - |
-| predicted-ttft-scorer | scorer | prefillMsPerToken, evictionWeight, affinityCredit, calibrate -> latency |
+| predicted-ttft-scorer | scorer | prefillMsPerToken, evictionWeight, newPrefixPlacement, affinityCredit, |
+| | | calibrate -> latency |
 | hot-spot-spill-filter | filter | relative, absolute -> spill |
 | max-score-picker | picker | maxNumOfEndpoints -> max_endpoints |
 | utilization-detector | detector (a filter in a profile) | queueDepthThreshold, kvCacheUtilThreshold, |
@@ -45,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from extproc.config import EppConfig
+from extproc.config import NEW_PREFIX_PLACEMENTS, EppConfig
 from extproc.scheduling.build import FILTERS, PICKERS, SCORERS, Profile
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
@@ -171,6 +172,7 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
         "prefillMsPerToken": Param(_num(0, lo_open=True), _set("latency", "prefill_ms_per_token")),
         "evictionWeight": Param(_num(0), _set("latency", "eviction_weight")),
         "affinityCredit": Param(_num(0), _set("latency", "affinity_credit")),
+        "newPrefixPlacement": Param(_choice(*NEW_PREFIX_PLACEMENTS), _set("latency", "new_prefix_placement")),
         "calibrate": Param(_bool, _set("latency", "calibrate")),
     },
     "hot-spot-spill-filter": {

@@ -25,6 +25,12 @@ datastore; nothing here runs off the request path):
   sides, so peer pickers routing to the same engines do not skew it. (vLLM V1 counts a prompt's
   tokens with its first token, so both counters cover the same requests.)
 
+- churn: the uncached tokens routed to the endpoint, each decaying with a half-life of
+  CHURN_HALF_LIFE_S (120 s): what its cache had to insert lately. A full LRU cache keeps a block
+  for about capacity / insertion rate, so where churn is lower a new prefix survives longer.
+  The decay lets an endpoint that joined later (churn 0) catch up within minutes instead of
+  drawing new prefixes for as long as the process runs.
+
 A finished request (its response ended) had its prefill done, and so had everything routed there
 before it (FIFO): B <= tokens routed there after it.
 
@@ -69,6 +75,7 @@ MIN_FIRST_TOKENS = 8
 MIN_ROUTED = 4
 MIN_BYTES_PER_TOKEN = 1.0
 MAX_BYTES_PER_TOKEN = 16.0
+CHURN_HALF_LIFE_S = 120.0
 
 
 @dataclass(slots=True)
@@ -76,6 +83,7 @@ class EndpointWork:
     backlog: float = 0.0  # tokens not yet prefilled
     routed_total: float = 0.0  # tokens ever routed here (a request's mark counts in it)
     updated_at: float = 0.0  # when backlog was last drained
+    churn: float = 0.0  # tokens recently inserted into its cache (see the module docstring)
     slowdown: float = 1.0
     mean_uncached: float = 0.0
     routed_tokens_since_scrape: float = 0.0
@@ -114,6 +122,7 @@ class LatencyModel:
         if now > w.updated_at:
             drained = (now - w.updated_at) / (self.config.prefill_ms_per_token * w.slowdown) * 1000.0
             w.backlog = max(0.0, w.backlog - drained)
+            w.churn *= 0.5 ** ((now - w.updated_at) / CHURN_HALF_LIFE_S)
             w.updated_at = now
         m = ep.metrics
         if m is not None and m.ok and m.updated_at > w.seen_scrape_at:
@@ -196,6 +205,7 @@ class LatencyModel:
         w = self.work(ep, now)
         w.backlog += uncached
         w.routed_total += uncached
+        w.churn += uncached
         w.routed_tokens_since_scrape += uncached
         w.mean_uncached += ALPHA * (uncached - w.mean_uncached)
         if base_ms is not None:

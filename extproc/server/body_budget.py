@@ -9,8 +9,8 @@ bounds them all together.
 A stream reserves its body before buffering it: the whole `content-length` when the request
 declares one (so an admitted request is never refused half-way), otherwise chunk by chunk as
 they arrive. A reservation that does not fit gets 429 with `Retry-After`; streams that already
-hold a reservation are untouched. The reservation is returned when the body has been handed
-back to Envoy or the stream ends, whichever comes first.
+hold a reservation are untouched. The reservation (one `Reservation` per stream) is returned when
+the body has been handed back to Envoy or the stream ends, whichever comes first.
 
 Everything runs on the event loop, so the counter needs no lock.
 """
@@ -38,3 +38,29 @@ class BodyBudget:
 
     def release(self, n: int) -> None:
         self.used = max(0, self.used - n)
+
+
+class Reservation:
+    """One stream's share of a `BodyBudget` (none: nothing is counted)."""
+
+    __slots__ = ("budget", "held")
+
+    def __init__(self, budget: BodyBudget | None) -> None:
+        self.budget = budget
+        self.held = 0
+
+    def grow_to(self, total: int) -> bool:
+        """Hold at least `total` bytes. False when the rest does not fit: then nothing is held."""
+        budget = self.budget
+        if budget is None or total <= self.held:
+            return True
+        if budget.try_reserve(total - self.held):
+            self.held = total
+            return True
+        self.release()
+        return False
+
+    def release(self) -> None:
+        if self.held and self.budget is not None:
+            self.budget.release(self.held)
+        self.held = 0

@@ -70,7 +70,8 @@ from extproc.pb import envoy_processing_mode_pb2 as mode_pb
 from extproc.pb import external_processor_pb2 as pb
 from extproc.request.affinity import header_to_read
 from extproc.server import responses as R
-from extproc.server.body_budget import RETRY_AFTER_S, BodyBudget
+from extproc.server.body_budget import RETRY_AFTER_S, BodyBudget, Reservation
+from extproc.server.lb_metadata import served_endpoint, subset_hint
 
 if TYPE_CHECKING:
     from extproc.scheduling.scheduler import Decision
@@ -92,15 +93,14 @@ _refused_modes_logged: set[int] = set()
 
 
 class StreamProcessor:
-    __slots__ = ("_body", "_body_bytes", "_body_done", "_budget", "_director", "_endpoint", "_explain",
-                 "_headers_seen", "_metrics", "_new_request_id", "_request_mode", "_reserved", "_response_mode",
-                 "_sampled", "_session_header", "_usage", "ctx", "decision")
+    __slots__ = ("_body", "_body_bytes", "_body_done", "_director", "_endpoint", "_explain", "_headers_seen",
+                 "_metrics", "_new_request_id", "_request_mode", "_reservation", "_response_mode", "_sampled",
+                 "_session_header", "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
                  budget: BodyBudget | None = None) -> None:
         self._director = director
-        self._budget = budget
-        self._reserved = 0
+        self._reservation = Reservation(budget)
         self._headers_seen = False
         self._metrics = metrics
         self._explain = explain
@@ -164,7 +164,7 @@ class StreamProcessor:
                     if resp.HasField("immediate_response"):
                         return
         finally:
-            self._release_budget()
+            self._reservation.release()
             self._complete()
 
     def _configure(self, cfg: pb.ProtocolConfiguration) -> None:
@@ -206,7 +206,7 @@ class StreamProcessor:
                     declared = value
                 elif key == "x-gateway-inference-objective":
                     ctx.objective = value
-        ctx.subset = _subset_hint(msg)
+        ctx.subset = subset_hint(msg)
         if not ctx.request_id:
             ctx.request_id = self._new_request_id = self._director.new_request_id()
         if bad_header:
@@ -243,34 +243,22 @@ class StreamProcessor:
         return self._error(EppError(ErrorCode.INTERNAL, f"the endpoint picker does not support the ext_proc "
                                     f"request_body_mode {name}; use FULL_DUPLEX_STREAMED or BUFFERED"))
 
-    def _reserve(self, n: int) -> pb.ProcessingResponse | None:
-        """Reserve n more buffered bytes (413 above the per-request limit, 429 beyond the global budget)."""
+    def _reserve(self, total: int) -> pb.ProcessingResponse | None:
+        """Hold `total` buffered bytes (413 above the per-request limit, 429 beyond the global budget)."""
         limit = self._director.config.max_request_body_bytes
-        if n > limit:
-            return self._too_large(limit)
-        budget = self._budget
-        if budget is None:
+        if total > limit:
+            return self._refuse_body(EppError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body exceeds {limit} bytes"))
+        if self._reservation.grow_to(total):
             return None
-        if not budget.try_reserve(n):
-            self._release_budget()
-            self._body_done = True
-            self._body = []
-            return self._error(EppError(
-                ErrorCode.RESOURCE_EXHAUSTED, "the endpoint picker is buffering too many request bytes; retry later",
-                retry_after_s=RETRY_AFTER_S))
-        self._reserved += n
-        return None
+        return self._refuse_body(EppError(
+            ErrorCode.RESOURCE_EXHAUSTED, "the endpoint picker is buffering too many request bytes; retry later",
+            retry_after_s=RETRY_AFTER_S))
 
-    def _release_budget(self) -> None:
-        if self._reserved and self._budget is not None:
-            self._budget.release(self._reserved)
-        self._reserved = 0
-
-    def _too_large(self, limit: int) -> pb.ProcessingResponse:
+    def _refuse_body(self, err: EppError) -> pb.ProcessingResponse:
         self._body_done = True
         self._body = []
-        self._release_budget()
-        return self._error(EppError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body exceeds {limit} bytes"))
+        self._reservation.release()
+        return self._error(err)
 
     def on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self._body_done:
@@ -280,13 +268,9 @@ class StreamProcessor:
         chunk = body.body
         if chunk:
             self._body_bytes += len(chunk)
-            limit = self._director.config.max_request_body_bytes
-            if self._body_bytes > limit:
-                return [self._too_large(limit)]
-            if self._body_bytes > self._reserved and self._budget is not None:
-                refused = self._reserve(self._body_bytes - self._reserved)
-                if refused is not None:
-                    return [refused]
+            refused = self._reserve(self._body_bytes)
+            if refused is not None:
+                return [refused]
             self._body.append(chunk)
         if not body.end_of_stream:
             return []
@@ -311,7 +295,7 @@ class StreamProcessor:
             decision = self._director.route(ctx, raw)
             del raw
         except EppError as err:
-            self._release_budget()
+            self._reservation.release()
             return [self._error(err)]
         self._metrics.observe_decision(time.perf_counter() - start)
         self.decision = decision
@@ -326,12 +310,12 @@ class StreamProcessor:
             self._metrics.affinity(ctx.affinity_source, decision.affinity_hit)
         new_id = self._new_request_id
         if self._request_mode == _BUFFERED:
-            self._release_budget()  # nothing to stream back: the body is no longer held
+            self._reservation.release()  # nothing to stream back: the body is no longer held
             return [R.routed_headers(decision.destination, None, new_id, buffered=True)]
         out = [R.routed_headers(decision.destination, self._body_bytes, new_id, buffered=False)]
         R.echo_request_body(chunks, out)
         # The body now lives on in the chunk replies only until they are written.
-        self._release_budget()
+        self._reservation.release()
         return out
 
     def _route_bodiless(self) -> pb.ProcessingResponse:
@@ -355,7 +339,7 @@ class StreamProcessor:
     def _internal_error(self, exc: Exception) -> pb.ProcessingResponse:
         """A fault of the picker itself: one log line with the traceback, without the exception's
         message (it may quote the prompt), and a 500 that names the request id."""
-        self._release_budget()
+        self._reservation.release()
         self._complete()
         rid = self.ctx.request_id or self._director.new_request_id()
         self.ctx.request_id = rid
@@ -372,7 +356,7 @@ class StreamProcessor:
                             msg: pb.ProcessingRequest | None = None) -> list[pb.ProcessingResponse]:
         decision, ep = self.decision, self._endpoint
         if decision is not None and ep is not None and len(decision.endpoints) > 1:
-            served = _served_endpoint(msg, headers)
+            served = served_endpoint(msg, headers)
             if served:  # a fallback may have served it: move the accounting there
                 self._endpoint = self._director.served_by(decision, ep, served)
         extra: tuple[tuple[str, str], ...] = ()
@@ -415,35 +399,3 @@ class StreamProcessor:
         if ep is not None:
             self._endpoint = None
             self._director.complete(ep, self.decision)
-
-
-def _served_endpoint(msg: pb.ProcessingRequest | None, headers: pb.HttpHeaders) -> str:
-    """x-gateway-destination-endpoint-served: the envoy.lb metadata the protocol defines, else
-    the response header of the same name (the proxy sets it; prefix-epp envoy-config does both)."""
-    if msg is not None:
-        fm = msg.metadata_context.filter_metadata
-        if R.LB_NAMESPACE in fm:
-            value = fm[R.LB_NAMESPACE].fields.get(R.SERVED_HEADER)
-            if value is not None and value.string_value:
-                return str(value.string_value)
-    for h in headers.headers.headers:
-        if h.key == R.SERVED_HEADER:
-            return h.raw_value.decode(errors="replace") if h.raw_value else str(h.value)
-    return ""
-
-
-def _subset_hint(msg: pb.ProcessingRequest) -> list[str] | None:
-    fm = msg.metadata_context.filter_metadata
-    if R.SUBSET_NAMESPACE not in fm:
-        return None
-    fields = fm[R.SUBSET_NAMESPACE].fields
-    if R.SUBSET_HEADER not in fields:
-        return None
-    value = fields[R.SUBSET_HEADER]
-    kind = value.WhichOneof("kind")
-    if kind == "list_value":
-        return [v.string_value for v in value.list_value.values if v.WhichOneof("kind") == "string_value"]
-    if kind == "string_value":
-        return [value.string_value]
-    return []
-

@@ -13,6 +13,7 @@ from extproc.config import EppConfig, defaults_of
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler
 from extproc.scheduling.config_loader import ConfigError, load_config, load_text, parse_duration
+from extproc.validate import overridden
 
 FULL = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -136,6 +137,24 @@ def test_strict_validation_names_the_offender(text: str, needle: str) -> None:
         load_text(text, EppConfig())
     assert needle in str(err.value)
     assert str(err.value).startswith("--config-text: ")
+
+
+def test_predicted_ttft_parameters_land_in_latency_and_replace_the_flags() -> None:
+    text = HEAD + ("plugins:\n- type: predicted-ttft-scorer\n  parameters: {prefillMsPerToken: 0.05, evictionWeight: 3,"
+                   " newPrefixPlacement: churn, affinityCredit: 0.25, calibrate: false}\n")
+    flags = replace(EppConfig(), latency=replace(EppConfig().latency, new_prefix_placement="homes",
+                                                 eviction_weight=1.0))
+    cfg, profile = load_text(text, flags)
+    lat = cfg.latency
+    assert (lat.prefill_ms_per_token, lat.eviction_weight, lat.affinity_credit) == (0.05, 3.0, 0.25)
+    assert lat.new_prefix_placement == "churn" and lat.calibrate is False
+    assert profile is not None and profile.scorers == (("predicted-ttft-scorer", 1.0),)
+    assert overridden(flags, cfg) == [("--eviction-weight", 1.0, 3.0)]  # homes is the default: not reported
+    flags = replace(flags, latency=replace(flags.latency, new_prefix_placement="churn"))
+    cfg, _ = load_text(text.replace("churn", "homes"), flags)
+    assert ("--new-prefix-placement", "churn", "homes") in overridden(flags, cfg)
+    with pytest.raises(ConfigError, match="newPrefixPlacement"):
+        load_text(text.replace("churn", "nearest"), EppConfig())
 
 
 def test_durations() -> None:

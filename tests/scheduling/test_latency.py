@@ -6,7 +6,7 @@ import pytest
 
 from extproc.config import LatencyConfig
 from extproc.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
-from extproc.scheduling.latency import LatencyModel
+from extproc.scheduling.latency import CHURN_HALF_LIFE_S, LatencyModel
 
 # Round numbers: 0.1 ms per token (10 tokens per ms), overhead 10 ms, 0.5 ms per running sequence
 # per step, 1,000 tokens per step.
@@ -51,6 +51,20 @@ def test_backlog_grows_with_routed_work_and_drains_at_the_prefill_rate() -> None
     ds.acquire(ep.key)
     ds.acquire(ep.key)  # two sequences in flight, three steps of 1,000 tokens
     assert model.base_ttft_ms(ep, w, 2000) == pytest.approx(10 + 250 + 3 * 0.5 * 2)
+
+
+def test_churn_counts_routed_uncached_tokens_and_halves_every_half_life() -> None:
+    clock = Clock()
+    _, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    model.routed(ep, 3000, None, clock.now)
+    model.routed(ep, 1000, None, clock.now)
+    assert model.work(ep, clock.now).churn == 4000
+    clock.now += CHURN_HALF_LIFE_S
+    assert model.work(ep, clock.now).churn == pytest.approx(2000)
+    model.routed(ep, 500, None, clock.now)
+    clock.now += CHURN_HALF_LIFE_S / 2
+    assert model.work(ep, clock.now).churn == pytest.approx(2500 / 2 ** 0.5)
 
 
 def test_scrapes_bound_the_backlog_both_ways() -> None:

@@ -133,6 +133,31 @@ def test_a_new_prefix_on_full_caches_goes_where_fewer_families_live() -> None:
         clock.now += 100.0
 
 
+def test_by_churn_a_new_prefix_on_full_caches_goes_where_fewer_tokens_were_inserted() -> None:
+    """a is home to more families, b inserted more tokens lately: homes picks b, churn picks a."""
+    clock = Clock()
+    a, b = pool(2)
+    for placement, expected in (("homes", b), ("churn", a)):
+        index = PrefixIndex(130)
+        s = scheduler(clock, index, eviction_weight=1.0, new_prefix_placement=placement)
+        scorer = ttft_scorer(s)
+        index.record(a.key, request(b"F" * 8000).block_hashes)  # both caches full
+        index.record(b.key, request(b"G" * 8000).block_hashes)
+        scorer.model.routed(b, 100_000, None, clock.now)  # b busy: three small new families go to a
+        for i in range(3):
+            assert s.schedule(request(bytes([65 + i]) * 400, f"{placement}{i}"), [a, b]).primary is a
+        clock.now += 100.0  # queues drained; churn x 2^(-100/120): a 300 -> 168, b 100,000 -> 56,123
+        # A new 1,000-token family, both idle: homes charges a 1,000 x 0.1 ms x 3 / 1.5 = 200 ms
+        # (b: 0); churn charges b 1,000 x 0.1 ms x 56,123 / 28,146 = 199 ms (a: 0.6 ms).
+        assert s.schedule(request(b"N" * 4000, f"new-{placement}"), [a, b]).primary is expected
+        clock.now += 100.0
+
+
+def test_an_unknown_new_prefix_placement_is_refused() -> None:
+    with pytest.raises(ValueError, match="new_prefix_placement"):
+        scheduler(Clock(), new_prefix_placement="nearest")
+
+
 def test_a_prompt_matched_as_far_as_it_is_hashed_counts_as_cached() -> None:
     """Hashing stops at max_prefix_blocks: a long document asked again matches every block looked
     up, and the rest of it is taken as cached, not recomputed."""

@@ -21,11 +21,16 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    vllm:kv_cache_usage_perc when higher. eviction_weight is 2 by default: under pressure an
    evicted prefix returns, is recomputed and evicts another in turn. So a prefix is copied once
    the queue on its holders outweighs the prefill AND the recompute it displaces, and spreads
-   only onto as many replicas as its load needs. A prompt that no candidate holds (a new prefix, or one every cache has
-   forgotten) evicts as much wherever it goes, but what it evicts is likelier to be live where
-   more families make their home; so it is placed by cache room: cost(e) += eviction_weight x
-   fullness(e) x prompt tokens x prefill_ms_per_token x slowdown(e) x homes(e) / mean homes per
-   candidate, homes(e) being the other families whose home is e.
+   only onto as many replicas as its load needs. A prompt that no candidate holds (a new prefix,
+   or one every cache has forgotten) evicts as much wherever it goes; it is placed by cache room:
+   cost(e) += eviction_weight x fullness(e) x prompt tokens x prefill_ms_per_token x slowdown(e)
+   x share(e), share(e) being, with LatencyConfig.new_prefix_placement,
+   - "homes": homes(e) / mean homes per candidate, homes(e) the other families whose home is e
+     (what it evicts is likelier to be live where more families make their home);
+   - "churn": churn(e) / mean churn per candidate, churn(e) the tokens e's cache recently
+     inserted (latency.py): an LRU cache keeps a block about capacity / insertion rate, so the
+     new prefix is likelier to be still there when it is asked again where churn is lower. This
+     balances what each cache inserts, as sglang-router's placement by its trees' sizes does.
 4. Affinity hints (prompt_cache_key, session header): an endpoint in `request.affinity_match`
    is credited with affinity_credit (0.5) of this request's uncached prefill time there: the key
    says the prompt shares more with that endpoint's earlier requests than the index can see, so
@@ -44,7 +49,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from extproc.config import EppConfig
+from extproc.config import NEW_PREFIX_PLACEMENTS, EppConfig
 from extproc.datastore import Endpoint
 from extproc.metrics.scrape import auto_tuned_capacity
 from extproc.prefix.index import PrefixIndex
@@ -62,6 +67,9 @@ class PredictedTtftScorer:
         self.config = config.latency
         if self.config.eviction_weight < 0 or self.config.affinity_credit < 0:
             raise ValueError("latency: eviction_weight and affinity_credit must be >= 0")
+        if self.config.new_prefix_placement not in NEW_PREFIX_PLACEMENTS:
+            raise ValueError(f"latency: new_prefix_placement must be one of {', '.join(NEW_PREFIX_PLACEMENTS)}")
+        self._by_churn = self.config.new_prefix_placement == "churn"
         self.block_size_bytes = config.prefix.block_size_bytes
         self.max_prefix_blocks = config.prefix.max_prefix_blocks
         self.auto_tune = config.prefix.auto_tune
@@ -133,6 +141,7 @@ class PredictedTtftScorer:
         # A prompt no candidate holds is placed by cache room (3. above), among the other families.
         others = len(self._homes) - (1 if home_key else 0)
         mean_homes = others / len(endpoints) if most <= 0 and endpoints else 0.0
+        mean_churn = sum(w.churn for w in works) / len(works) if self._by_churn and mean_homes > 0 else 0.0
         for ep, w, hit in zip(endpoints, works, cached, strict=True):
             uncached = tokens - hit
             ttft = w.slowdown * model.base_ttft_ms(ep, w, uncached)
@@ -142,7 +151,9 @@ class PredictedTtftScorer:
                 # The recompute a full cache displaces, per token placed there.
                 evict_ms = c.eviction_weight * self._fullness(ep) * c.prefill_ms_per_token * w.slowdown
                 cost += evict_ms * max(0.0, held - hit)
-                if mean_homes > 0:
+                if mean_churn > 0:
+                    cost += evict_ms * tokens * w.churn / mean_churn
+                elif mean_homes > 0 and not self._by_churn:
                     cost += evict_ms * tokens * self._other_homes(ep.key, home_key) / mean_homes
             if ep.key in request.affinity_match:
                 cost -= c.affinity_credit * uncached * c.prefill_ms_per_token * w.slowdown
