@@ -27,7 +27,7 @@ from extproc.sim.engine import output_text, output_token_ids
 from extproc.sim.kvcache import block_hash_seed, hash_blocks
 from extproc.tokenizer import encode, render_chat
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = 16  # tokens per KV block of the bench's simulated replicas (bench.routers.SimSettings)
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.oracle import prompt_tokens
+from bench.oracle import BLOCK_SIZE, prompt_tokens
 from bench.workloads import MODEL, Workload, body, build
 from extproc.sim.kvcache import Allocation, KVCache, block_hash_seed, hash_blocks
 
-BLOCK_SIZE = 16  # the simulator's (extproc/sim/config.py)
 KINDS = ("hit", "cold", "evicted", "sent away")
 
 

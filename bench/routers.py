@@ -45,6 +45,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.oracle import BLOCK_SIZE
 from bench.overhead import plain_envoy_config
 from bench.peers import go_epp
 from extproc.envoy_config import build_config, render
@@ -89,7 +90,7 @@ class SimSettings:
     replicas: int
     kv_cache_blocks: int
     time_scale: float = 1.0
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     max_num_seqs: int = 256
     max_model_len: int = 32768
     kv_events: bool = False  # replicas publish KV events (ZeroMQ PUB + replay ROUTER per replica)
