@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.replay import BLOCK_SIZE, Sent, analyse, records, replay
+from bench.oracle import BLOCK_SIZE
+from bench.replay import Sent, analyse, records, replay
 from bench.workloads import MODEL, body, build
 from extproc.sim.kvcache import block_hash_seed, hash_blocks
 from extproc.tokenizer import encode
