@@ -1,20 +1,20 @@
 """What the picker's parts off the request path cost (`python -m bench.components`, ~1 min).
 
 Side by side in one run, `--reps` repetitions (3; mean and min-max are reported):
-1. parse: one vLLM /metrics page (tests/metrics/vllm_text.py: real Prometheus text under vLLM's
+1. parse: one vLLM /metrics page (tests/scraping/vllm_text.py: real Prometheus text under vLLM's
    names, with vLLM's latency histograms per engine, ~125 KB) read by the picker's line reader
-   (`extproc.metrics.scrape.parse_vllm_metrics`) and by prometheus_client's parser
+   (`extproc.scraping.scraper.parse_vllm_metrics`) and by prometheus_client's parser
    (`text_string_to_metric_families`, the reference): the median of `--parses` reads each.
 2. scraper: `MetricsScraper` polling `--endpoints` (8) model-server stubs
-   (tests/metrics/metrics_server.py, in another process, serving that page) every
+   (tests/scraping/metrics_server.py, in another process, serving that page) every
    `--refresh-metrics-interval` (the default, 50 ms) for `--seconds` (10): this process's CPU
    time over the wall time, i.e. the share of one core the scraping takes (HTTP client, reading,
    parsing, the datastore update), and the scrapes per second it kept.
 3. kv-events: 500 vLLM-like KV-event batches (a 64-block prompt stored per batch, msgpack as
-   `extproc.sim.kv_events` publishes it) decoded (`extproc.kvevents.wire`) and applied to a
+   `prefix_epp_sim.kv_events` publishes it) decoded (`extproc.kvevents.wire`) and applied to a
    `PreciseIndex` holding 8,192 blocks for the endpoint, so every batch also evicts: stored
    blocks per second.
-4. tokenizer: `extproc.tokenizer.encode` on 32 KB of English prose (what `--kv-events` does to
+4. tokenizer: `extproc.tokenization.builtin.encode` on 32 KB of English prose (what `--kv-events` does to
    every prompt on the request path): the median ms of `--parses` / 20 calls.
 
 Writes bench/results/components.json and components.md.
@@ -36,15 +36,15 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.config import EppConfig
-from extproc.datastore import Datastore, EndpointSpec
+from extproc.config.settings import EppConfig
+from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.wire import decode_batch
-from extproc.metrics.scrape import MetricsScraper, parse_vllm_metrics
-from extproc.sim.kv_events import encode_batch
-from extproc.sim.kvcache import BlockStored
-from extproc.tokenizer import encode
-from tests.metrics.vllm_text import exposition
+from extproc.scraping.scraper import MetricsScraper, parse_vllm_metrics
+from extproc.tokenization.builtin import encode
+from prefix_epp_sim.kv_events import encode_batch
+from prefix_epp_sim.kvcache import BlockStored
+from tests.scraping.vllm_text import exposition
 from tests.support.procs import free_ports, python_module, running, wait_for_port
 
 
@@ -85,7 +85,7 @@ async def _scrape(ports: Sequence[int], seconds: float) -> dict[str, float]:
 
 def scraper_cost(endpoints: int, seconds: float, log_dir: Path) -> dict[str, float]:
     ports = free_ports(endpoints)
-    with running(python_module("tests.metrics.metrics_server", *map(str, ports)), log_dir / "stubs.log",
+    with running(python_module("tests.scraping.metrics_server", *map(str, ports)), log_dir / "stubs.log",
                  wait_port=ports[-1]):
         for p in ports:
             wait_for_port(p)

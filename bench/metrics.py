@@ -31,8 +31,8 @@ from typing import Any
 
 from bench.client import RequestResult
 from bench.overhead import percentile
-from extproc.metrics.prom_text import samples
-from extproc.sim.config import SimConfig
+from extproc.scraping.prom_text import samples
+from prefix_epp_sim.config import SimConfig
 
 __all__ = ["Target", "evaluate_targets", "histogram_quantile", "hit_rate", "parse_histogram", "percentile",
            "prediction_accuracy", "prefill_work_s", "relative_to", "replica_load", "summarize"]

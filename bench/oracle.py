@@ -1,8 +1,8 @@
 """The oracle bound: the prefix-cache hit rate with an infinite cache shared by every replica.
 
-Every request is tokenised exactly as the simulator does (`extproc.tokenizer`: a completion's
+Every request is tokenised exactly as the simulator does (`extproc.tokenization.builtin`: a completion's
 prompt as is, chat messages through `render_chat`) and cut into full blocks of `block_size` (16)
-tokens hashed as chains (`extproc.sim.kvcache.hash_blocks`). Requests are taken in session
+tokens hashed as chains (`prefix_epp_sim.kvcache.hash_blocks`). Requests are taken in session
 order (sessions by planned start, a conversation's turns in order). A request's cached tokens
 are its leading blocks already seen, capped as vLLM caps them (the last prompt token is always
 computed: at most `(prompt_tokens - 1) // block_size` blocks); then its prompt blocks and the
@@ -13,7 +13,7 @@ as the fraction of the possible.
 The same pass yields the workload's prefix working set: the distinct blocks that some later
 request hits (what `bench.workloads.kv_cache_blocks` sizes the caches from).
 
-Chat answers are the simulator's deterministic output (`extproc.sim.engine.output_text`), which
+Chat answers are the simulator's deterministic output (`prefix_epp_sim.engine.output_text`), which
 is what the load generator puts into the history of the next turn.
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bench.workloads import MODEL, Workload, body
-from extproc.sim.engine import output_text, output_token_ids
-from extproc.sim.kvcache import block_hash_seed, hash_blocks
-from extproc.tokenizer import encode, render_chat
+from extproc.tokenization.builtin import encode, render_chat
+from prefix_epp_sim.engine import output_text, output_token_ids
+from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
 
 BLOCK_SIZE = 16  # tokens per KV block of the bench's simulated replicas (bench.routers.SimSettings)
 

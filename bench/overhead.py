@@ -47,9 +47,9 @@ import aiohttp
 import orjson
 
 from bench.peers import go_epp
-from extproc.config import EppConfig, KVEventsConfig
-from extproc.datastore import EndpointSpec
-from extproc.envoy_config import build_config, render
+from extproc.commands.envoy_config import build_config, render
+from extproc.config.settings import EppConfig, KVEventsConfig
+from extproc.core.datastore import EndpointSpec
 from tests.support.envoy import envoy_binary
 from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running
 
@@ -88,8 +88,8 @@ def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1, interval
 
 
 def decision_latency(size: int, n: int) -> dict[str, float]:
-    from extproc.app import App
-    from extproc.director import RequestContext
+    from extproc.control.director import RequestContext
+    from extproc.runtime.app import App
 
     app = App(EppConfig(seed=1))
     app.datastore.set_endpoints(EndpointSpec(f"10.0.0.{i}", 8000) for i in range(8))
@@ -112,7 +112,7 @@ def tokenization_latency(n: int) -> dict[str, float]:
     """Precise mode: the builtin tokenizer off the loop on a 7,200-token prompt (6,000 shared tokens
     + 1,200 of its own), cold (a fresh tokenizer, every chunk encoded) and warm (the shared part cached)."""
     from extproc.request.openai import Api, parse_request
-    from extproc.tokenize import BuiltinTokenizer
+    from extproc.tokenization.chunking import BuiltinTokenizer
 
     k = KVEventsConfig()
     max_tokens = k.max_blocks * k.block_size

@@ -5,7 +5,7 @@
 For every single-turn workload, router and repetition of a results file ({name}.json and its
 per-request records under raw/, which bench.run writes), rebuild the workload as it was drawn
 (its seed, or seed + k - 1 with --vary-seed) and replay the requests in time order through one
-`extproc.sim.kvcache.KVCache` per replica (the simulator's own cache: vLLM's prefix-cache and LRU
+`prefix_epp_sim.kvcache.KVCache` per replica (the simulator's own cache: vLLM's prefix-cache and LRU
 rules, the run's size): a request takes its blocks (prompt + max_tokens) when it was sent and
 frees them when its response ended, on the replica that served it. Chat workloads are skipped:
 their prompts hold the answers, which the records do not keep.
@@ -39,7 +39,7 @@ from typing import Any
 
 from bench.oracle import BLOCK_SIZE, prompt_tokens
 from bench.workloads import MODEL, Workload, body, build
-from extproc.sim.kvcache import Allocation, KVCache, block_hash_seed, hash_blocks
+from prefix_epp_sim.kvcache import Allocation, KVCache, block_hash_seed, hash_blocks
 
 KINDS = ("hit", "cold", "evicted", "sent away")
 

@@ -46,10 +46,10 @@ from bench.oracle import workload_oracle
 from bench.routers import sim_replicas
 from bench.run import sim_settings
 from bench.workloads import build
-from extproc.config import EppConfig, SyncConfig
-from extproc.envoy_config import build_config, render
-from extproc.metrics.prom_text import samples
+from extproc.commands.envoy_config import build_config, render
+from extproc.config.settings import EppConfig, SyncConfig
 from extproc.prefix.index import PrefixIndex
+from extproc.scraping.prom_text import samples
 from extproc.sync.manager import PeerSync
 from extproc.sync.wire import LOAD, SNAPSHOT
 from tests.support.envoy import envoy_binary

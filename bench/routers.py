@@ -9,7 +9,7 @@ then KILL). Setups, all in front of the same replicas:
   the replicas (`bench.overhead.plain_envoy_config`).
 - `prefix-epp`: `python -m extproc serve --endpoints ... --secure-serving=false` (default
   scheduling unless `picker_args` add flags) behind Envoy configured by
-  `extproc.envoy_config.build_config` (full-duplex ext_proc, override_host cluster).
+  `extproc.commands.envoy_config.build_config` (full-duplex ext_proc, override_host cluster).
 - `prefix-epp-weighted`: the same with `--scheduler weighted` (the weighted-sum scoring profile
   instead of the default predicted-TTFT scheduler).
 - `prefix-epp-precise`: the same with `--prefix-scorer precise`: the picker subscribes to the
@@ -27,7 +27,7 @@ then KILL). Setups, all in front of the same replicas:
   tokenizer_path or model_path found for model unknown"); its connections stay on loopback.
 
 - `clairvoyant`: no router process. The simulator itself serves a front
-  (`prefix-epp sim --clairvoyant-port`, `extproc.sim.clairvoyant`) that sends each request to the
+  (`prefix-epp sim --clairvoyant-port`, `prefix_epp_sim.clairvoyant`) that sends each request to the
   replica with the least predicted TTFT from the replicas' TRUE caches and queues: a reference
   no real router can reach, not a competitor. Its CPU is the simulator's (router CPU shows 0).
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from bench.oracle import BLOCK_SIZE
 from bench.overhead import plain_envoy_config
 from bench.peers import go_epp
-from extproc.envoy_config import build_config, render
+from extproc.commands.envoy_config import build_config, render
 from tests.support.envoy import envoy_binary
 from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 

@@ -1,6 +1,6 @@
 """Simulator throughput: requests/s that N replicas in ONE process sustain on this machine.
 
-Starts `python -m extproc.sim.cli --replicas N --time-scale S` as a subprocess (the load
+Starts `python -m prefix_epp_sim.cli --replicas N --time-scale S` as a subprocess (the load
 generator runs here, in another process, as it would in a benchmark), then keeps `concurrency`
 requests in flight for at most `duration` seconds (or `max_requests`), spreading them round-robin
 over the replicas. Prompts are `groups` shared prefixes of `prefix_tokens` tokens each plus a
@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from extproc.tokenizer import count
+from extproc.tokenization.builtin import count
 from tests.support.procs import free_port, python_module, running, wait_for_port
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma")
@@ -147,7 +147,7 @@ def main() -> None:
     base = free_port()
     while any(base + i > 65535 for i in range(args.replicas)):
         base = free_port()
-    argv = python_module("extproc.sim.cli", "--replicas", str(args.replicas), "--port", str(base),
+    argv = python_module("prefix_epp_sim.cli", "--replicas", str(args.replicas), "--port", str(base),
                          "--time-scale", str(args.time_scale), "--log-level", "warning",
                          "--kv-events-port-base", "0", "--kv-events" if args.kv_events else "--no-kv-events")
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"sim_throughput_{os.getpid()}.log"

@@ -37,7 +37,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.envoy_config import build_config, render
+from extproc.commands.envoy_config import build_config, render
 from tests.support.envoy import envoy_binary
 from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 

@@ -9,9 +9,9 @@ builds the request of a turn from the answers so far; the load generator (`bench
 the oracle (`bench.oracle`) both use it, so they see the same prompts.
 
 Text: prompts are seeded random words of at most 10 letters, one token each under
-`extproc.tokenizer` (a fixed header is counted and topped up), so token lengths are exact.
+`extproc.tokenization.builtin` (a fixed header is counted and topped up), so token lengths are exact.
 
-Workloads (token counts are `extproc.tokenizer` tokens; every request asks for `max_tokens` and
+Workloads (token counts are `extproc.tokenization.builtin` tokens; every request asks for `max_tokens` and
 streams with usage):
 
 - `shared-prefix` (/v1/completions): `groups` x `per_group` requests; a request is its group's
@@ -65,7 +65,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from extproc.tokenizer import count
+from extproc.tokenization.builtin import count
 
 Api = Literal["completion", "chat"]
 MODEL = "sim-model"

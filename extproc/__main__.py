@@ -1,6 +1,6 @@
 """`python -m extproc` runs the prefix-epp CLI."""
 
-from extproc.cli import main
+from extproc.commands.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

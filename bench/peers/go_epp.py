@@ -18,7 +18,7 @@ Kubernetes API. So a setup here is:
 4. Envoy with the Inference Extension's reference ext_proc settings (GIE `test/testdata/envoy.yaml`):
    request and response bodies FULL_DUPLEX_STREAMED (the only body mode the Go picker supports),
    trailers SEND, TLS to the picker without verification, gRPC health check on the ext_proc
-   service; built by the same `extproc.envoy_config.build_config` as prefix-epp's (which runs with
+   service; built by the same `extproc.commands.envoy_config.build_config` as prefix-epp's (which runs with
    its own defaults), with the same override_host cluster of the replicas (`envoy_config`).
 The picker listens on all interfaces (it has no bind-address flag); all traffic is loopback.
 Its admission, with no InferenceObjective, never sheds (priority 0).
@@ -40,8 +40,8 @@ from typing import Any
 
 import grpc
 
-from extproc.datastore import split_host_port
-from extproc.envoy_config import build_config
+from extproc.commands.envoy_config import build_config
+from extproc.core.datastore import split_host_port
 from extproc.pb import health_pb2, health_pb2_grpc
 from tests.support.kubeapi import RealKube, built
 from tests.support.procs import Proc, free_ports, running, wait_for_port

@@ -39,8 +39,8 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from extproc.config import DiscoveryConfig, EppConfig
-from extproc.datastore import Datastore, EndpointSpec
+from extproc.config.settings import DiscoveryConfig, EppConfig
+from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.discovery.objectives import ObjectiveDiscovery
 from extproc.discovery.pool import (
     POOL_PLURAL,

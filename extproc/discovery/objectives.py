@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from extproc.config import DiscoveryConfig
+from extproc.config.settings import DiscoveryConfig
 from extproc.discovery.pool import objective_priority
 from extproc.discovery.watch import Backoff, ListResult, ListWatch
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.datastore import EndpointSpec
+from extproc.core.datastore import EndpointSpec
 
 V1_GROUP = "inference.networking.k8s.io"
 LEGACY_GROUP = "inference.networking.x-k8s.io"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from extproc.datastore import Datastore, EndpointSpec, split_host_port
+from extproc.core.datastore import Datastore, EndpointSpec, split_host_port
 
 
 def parse_endpoints(values: Iterable[str]) -> list[EndpointSpec]:

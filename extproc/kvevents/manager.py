@@ -41,12 +41,12 @@ from collections.abc import Callable, Sequence
 
 import zmq.asyncio
 
-from extproc.config import KVEventsConfig
-from extproc.datastore import Datastore, Endpoint
+from extproc.config.settings import KVEventsConfig
+from extproc.core.background import supervise
+from extproc.core.datastore import Datastore, Endpoint
 from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.subscriber import Loss, SourceAddress, Subscriber, SubscriberStats
-from extproc.supervise import supervise
 
 log = logging.getLogger("prefix_epp.kvevents")
 

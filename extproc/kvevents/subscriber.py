@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from extproc.config import KVEventsConfig
+from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.index import PreciseIndex, Source
 from extproc.kvevents.wire import Cleared, Removed, Stored, WireError, decode_batch
 

@@ -9,7 +9,7 @@ Algorithm:
   up to block i, so equal hashes at position i mean equal prefixes.
 - At most `max_blocks` hashes are produced (the rest of a long prompt does not change routing).
 
-Affinity hints (extproc/request/affinity.py) hash to xxh64(model \\x00 cache_salt \\x00 "affinity"
+Affinity hints (extproc/control/affinity.py) hash to xxh64(model \\x00 cache_salt \\x00 "affinity"
 \\x00 key): the same model/salt separation as the seed, in a domain of its own, apart from the prompt's block
 hashes even when the key's text equals the prompt's first block.
 

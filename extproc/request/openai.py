@@ -7,7 +7,7 @@ aligns blocks to segment starts, so a later chat turn, whose messages extend the
 produces exactly the earlier turn's block hashes followed by new ones.
 
 `prompt_cache_key` (a string; "" means none) becomes `affinity_key`, an affinity hint
-(extproc/request/affinity.py); any other type is a 400.
+(extproc/control/affinity.py); any other type is a 400.
 
 Message framing: `<role>\\x1f<text>` where text is the string content, or the text parts of a
 structured content list joined with `\\n` (non-text parts contribute their URL or a type marker, so
@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from extproc.errors import EppError, ErrorCode
+from extproc.core.errors import EppError, ErrorCode
 
 
 class Api(enum.Enum):

@@ -40,7 +40,7 @@ spill filter kept lower latency). The in-flight weight is 1, not 2: measured wit
 whenever it was the busiest (87 % of the oracle hit rate, TTFT p50 129 ms); weight 1 moved 17 %
 (93 % of the oracle, TTFT p50 75 ms) with no loss on shared-prefix and a flatter hot-prefix load
 (max/mean 1.13 instead of 1.25). Weights live in EppConfig.weights; the saturation detector
-(utilization-detector) is the director's admission hook (extproc/app.py), not a profile plugin.
+(utilization-detector) is the director's admission hook (extproc/runtime/app.py), not a profile plugin.
 
 Registries map each plugin type to a factory: FILTERS, SCORERS, PICKERS. The config loader
 (extproc/scheduling/config_loader.py) validates profiles against them.
@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from extproc.config import SCHEDULERS, EppConfig
+from extproc.config.settings import SCHEDULERS, EppConfig
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.filters.spill import SpillFilter
 from extproc.scheduling.interfaces import Filter, Picker, PreciseSource, Scorer

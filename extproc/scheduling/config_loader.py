@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from extproc.config import NEW_PREFIX_PLACEMENTS, EppConfig
+from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
 from extproc.scheduling.build import FILTERS, PICKERS, SCORERS, Profile
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
@@ -140,7 +140,7 @@ def _block_tokens(cfg: EppConfig, tokens: int) -> EppConfig:
 
 
 def _default_engine(cfg: EppConfig, engine: str) -> EppConfig:
-    return cfg  # validated to be "vllm": the only metric names scraped (extproc/metrics/scrape.py)
+    return cfg  # validated to be "vllm": the only metric names scraped (extproc/scraping/scraper.py)
 
 
 _SATURATION_PARAMS = {

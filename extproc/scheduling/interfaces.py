@@ -9,7 +9,7 @@
 endpoint) explicitly before scorers run, so no scorer silently produces data for another. With KV
 events on, the director adds `token_keys` (our keys of the prompt's token blocks) and the scheduler
 fills `precise_match` and `precise_usable` from the `PreciseSource` (extproc/kvevents/manager.py).
-With an affinity hint (extproc/request/affinity.py) the director sets `affinity_hash` and the
+With an affinity hint (extproc/control/affinity.py) the director sets `affinity_hash` and the
 scheduler fills `affinity_match`: the candidates that recorded the same hash before.
 Scorers that keep state about where requests went (predicted-ttft-scorer's backlogs) are
 `PickObserver`s: the scheduler tells them the pick, a fallback's move and the response's end.
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from extproc.datastore import Endpoint
+from extproc.core.datastore import Endpoint
 
 
 @dataclass(slots=True)

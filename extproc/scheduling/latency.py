@@ -66,8 +66,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from extproc.config import LatencyConfig
-from extproc.datastore import Endpoint
+from extproc.config.settings import LatencyConfig
+from extproc.core.datastore import Endpoint
 from extproc.scheduling.load import endpoint_load
 
 ALPHA = 0.2

@@ -14,7 +14,7 @@ slow or stale scrape cannot make every new request pile onto the pod that looked
 
 from __future__ import annotations
 
-from extproc.datastore import Endpoint, ModelServerMetrics
+from extproc.core.datastore import Endpoint, ModelServerMetrics
 
 
 def endpoint_load(ep: Endpoint) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from extproc.datastore import Endpoint
+from extproc.core.datastore import Endpoint
 
 
 class MaxScorePicker:

@@ -25,9 +25,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from extproc.config import SaturationConfig
-from extproc.datastore import Endpoint
-from extproc.errors import EppError, ErrorCode
+from extproc.config.settings import SaturationConfig
+from extproc.core.datastore import Endpoint
+from extproc.core.errors import EppError, ErrorCode
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.load import queue_depth, usable_metrics
 

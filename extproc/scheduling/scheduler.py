@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from extproc.datastore import Endpoint
-from extproc.errors import EppError, ErrorCode
+from extproc.core.datastore import Endpoint
+from extproc.core.errors import EppError, ErrorCode
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.interfaces import Filter, Picker, PickObserver, PreciseSource, SchedulingRequest, Scorer
 

@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from extproc.config import EppConfig
-from extproc.datastore import join_host_port
+from extproc.config.settings import EppConfig
+from extproc.core.datastore import join_host_port
 from extproc.discovery.pool import parse_pod, selector_matches
 from extproc.discovery.watch import Backoff, ListResult, ListWatch
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from extproc.config import SyncConfig
+from extproc.config.settings import SyncConfig
 from extproc.sync.outbox import SyncStats
 from extproc.sync.wire import HELLO, SNAPSHOT, SNAPSHOT_REQUEST, Codec, Frame, FrameError
 

@@ -14,7 +14,7 @@ Algorithm (full mesh, no broker, no leader):
 - Warm start: `warm_start()` asks peers (other pods; sibling workers only when there are none),
   in random order, for a snapshot until one answers or `warm_timeout_s` (5 s) has passed; `warm`
   then turns True (readiness waits for it), peer or not.
-- Workers (extproc/workers.py): every worker of a pod binds the pod's sync port with SO_REUSEPORT
+- Workers (extproc/runtime/workers.py): every worker of a pod binds the pod's sync port with SO_REUSEPORT
   and its own loopback `sibling_port`. Frames arriving on the pod port are applied and forwarded
   unchanged to the siblings; frames arriving on the sibling port are only applied; local frames go
   to peers and siblings. So each worker sees every decision once.
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from extproc.config import SyncConfig
+from extproc.config.settings import SyncConfig
 from extproc.prefix.index import PrefixIndex
 from extproc.sync.link import PeerLink
 from extproc.sync.outbox import Outbox, SyncStats

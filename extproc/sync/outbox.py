@@ -18,7 +18,7 @@ from extproc.sync.wire import RECORD, REMOVE, SPECULATIVE, Record
 
 @dataclass
 class SyncStats:
-    """Counters of one replica's sync traffic (exported by extproc/sync/metrics.py)."""
+    """Counters of one replica's sync traffic (exported by extproc/telemetry/sync.py)."""
 
     frames_sent: int = 0
     records_sent: int = 0

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from extproc.config import SyncConfig
+from extproc.config.settings import SyncConfig
 from extproc.prefix.index import PrefixIndex
 from extproc.sync.link import SERVICE
 from extproc.sync.outbox import SyncStats

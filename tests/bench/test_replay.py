@@ -5,8 +5,8 @@ from __future__ import annotations
 from bench.oracle import BLOCK_SIZE
 from bench.replay import Sent, analyse, records, replay
 from bench.workloads import MODEL, body, build
-from extproc.sim.kvcache import block_hash_seed, hash_blocks
-from extproc.tokenizer import encode
+from extproc.tokenization.builtin import encode
+from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
 
 PREFIX = list(range(1000, 1000 + 10 * BLOCK_SIZE))  # 10 blocks shared by group "g"
 

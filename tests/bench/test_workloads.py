@@ -27,8 +27,8 @@ from bench.workloads import (
     shared_prefix,
     text,
 )
-from extproc.sim.kvcache import hash_blocks
-from extproc.tokenizer import count, render_chat
+from extproc.tokenization.builtin import count, render_chat
+from prefix_epp_sim.kvcache import hash_blocks
 
 SMALL = SharedPrefixParams(groups=6, per_group=5, system_tokens=300, question_tokens=60, rate=5.0)
 

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from bench.oracle import workload_oracle
 from bench.run import sim_settings
 from bench.workloads import BurstParams, MixedLengthParams, build, bursts, mixed_length
-from extproc.tokenizer import count
+from extproc.tokenization.builtin import count
 
 SMALL_MIXED = MixedLengthParams(short_requests=40, short_systems=3, short_system_tokens=70, short_question_tokens=30,
                                 long_docs=4, long_doc_tokens=2950, long_question_tokens=50)

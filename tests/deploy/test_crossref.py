@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extproc.config import EppConfig
+from extproc.commands.serve import add_arguments, config_from_args, validate
+from extproc.config.settings import EppConfig
 from extproc.discovery.objectives import OBJECTIVE_GROUPS
 from extproc.scheduling.build import default_profile
 from extproc.scheduling.config_loader import load_text
-from extproc.serve import add_arguments, config_from_args, validate
 from tests.deploy.objects import CHART, NAMESPACE, RELEASE, VALUE_SETS, Obj, container, find, find_all
 
 Render = Callable[[str], list[Obj]]

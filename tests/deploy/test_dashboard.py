@@ -1,7 +1,7 @@
 """The Grafana dashboard queries only metrics (and labels) the picker exports, and covers the
 signals an operator needs: hit ratio, decision latency, in-flight per endpoint, 429/503, index size.
 
-Exported names come from the code: every metric constructor call in extproc/metrics/*.py
+Exported names come from the code: every metric constructor call in extproc/telemetry/*.py
 (Counter, Histogram, Gauge, Summary, *MetricFamily) with a literal name, expanded the way
 prometheus_client exposes them (counters get _total, histograms _bucket/_sum/_count).
 """
@@ -119,7 +119,7 @@ def grouping_labels(expr: str) -> set[str]:
 
 
 def test_exported_metrics_are_found() -> None:
-    """The scan sees the metrics the docstring of extproc/metrics/epp.py lists."""
+    """The scan sees the metrics the docstring of extproc/telemetry/epp.py lists."""
     for name in ("prefix_epp_requests_total", "inference_extension_scheduler_e2e_duration_seconds_bucket",
                  "inference_extension_prefix_indexer_hit_ratio_count", "prefix_epp_inflight_requests",
                  "inference_extension_prefix_indexer_size"):
@@ -136,7 +136,7 @@ def test_queries_use_exported_metrics_and_labels(expr: str) -> None:
     found = selectors(expr)
     assert found, f"no metric in {expr!r}"
     for name, labels in found:
-        assert name in EXPORTED, f"{name} (in {expr!r}) is not exported by extproc/metrics/*.py"
+        assert name in EXPORTED, f"{name} (in {expr!r}) is not exported by extproc/telemetry/*.py"
         unknown = labels - EXPORTED[name].labels - TARGET_LABELS
         assert not unknown, f"{name} has no label(s) {unknown}"
     metric_labels = set().union(*(EXPORTED[n].labels for n, _ in found))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from extproc.commands.serve import add_arguments, config_from_args
 from extproc.discovery.pool import selector_matches
-from extproc.serve import add_arguments, config_from_args
 from extproc.sync.kube_peers import parse_selector
 from tests.deploy.helm import Helm
 from tests.deploy.objects import CHART, NAMESPACE, RELEASE, Obj, container, find, find_all

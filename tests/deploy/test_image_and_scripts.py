@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from extproc.config import EppConfig
-from extproc.serve import add_arguments, config_from_args
+from extproc.commands.serve import add_arguments, config_from_args
+from extproc.config.settings import EppConfig
 from tests.deploy.helm import REPO_ROOT
 from tests.deploy.objects import CHART
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extproc.sim.cli import add_arguments as add_sim_arguments
-from extproc.sim.cli import config_from_args as sim_config_from_args
+from prefix_epp_sim.cli import add_arguments as add_sim_arguments
+from prefix_epp_sim.cli import config_from_args as sim_config_from_args
 from tests.deploy.helm import REPO_ROOT, Helm, load_documents
 from tests.deploy.objects import MANIFESTS, Obj, container, find, find_all, validate
 from tests.deploy.render_manifests import OUTPUT

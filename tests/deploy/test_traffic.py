@@ -1,5 +1,5 @@
 """The model route's traffic settings in the chart (BackendTrafficPolicy, HTTPRoute) equal the
-defaults `prefix-epp envoy-config` uses (extproc/config.py ProxyTrafficConfig): circuit breakers
+defaults `prefix-epp envoy-config` uses (extproc/config/settings.py ProxyTrafficConfig): circuit breakers
 sized for LLM concurrency, retries that walk the fallback list only when the picker returns
 several endpoints, and a route timeout for long generations."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import yaml
 
-from extproc.config import ProxyTrafficConfig
+from extproc.config.settings import ProxyTrafficConfig
 from tests.deploy.objects import CHART, Obj, find
 
 Render = Callable[[str], list[Obj]]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from extproc.config import DiscoveryConfig, EppConfig
-from extproc.datastore import Datastore
+from extproc.config.settings import DiscoveryConfig, EppConfig
+from extproc.core.datastore import Datastore
 from extproc.discovery.kubernetes import KubernetesDiscovery, pool_namespace
 from extproc.prefix.index import PrefixIndex
 from tests.support.kube import (

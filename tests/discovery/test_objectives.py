@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from extproc.config import DiscoveryConfig, EppConfig
-from extproc.datastore import Datastore
+from extproc.config.settings import DiscoveryConfig, EppConfig
+from extproc.core.datastore import Datastore
 from extproc.discovery.kubernetes import KubernetesDiscovery
 from tests.support.kube import OBJECTIVES, OBJECTIVES_LLMD, POOL_V1, KubeApi, objective, pool_v1
 

@@ -20,7 +20,7 @@ import grpc
 import pytest
 import urllib3
 
-from extproc.config import DrainConfig
+from extproc.config.settings import DrainConfig
 from extproc.pb import health_pb2, health_pb2_grpc
 from tests.support.envoy import run_envoy
 from tests.support.kube import OBJECTIVES, PODS, POOL_V1, KubeApi, objective, pod, pool_v1, ready_condition
@@ -215,7 +215,7 @@ def test_traffic_follows_pods_and_pool_through_envoy(tmp_path: Path) -> None:
 
 
 def test_objectives_and_saturation_shed_only_sheddable_requests(tmp_path: Path) -> None:
-    with kube_stack(tmp_path, "tests.metrics.metrics_server", n_backends=2) as s:
+    with kube_stack(tmp_path, "tests.scraping.metrics_server", n_backends=2) as s:
         s.api.create(POOL_V1, pool_v1("pool", {"app": "vllm"}, s.ports))
         for i, port in enumerate(s.ports):
             s.api.create(PODS, pod(f"pod-{i}", {"app": "vllm"}, active_ports=[port]))

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.sim.server import Replica, run_replicas
+from prefix_epp_sim.server import Replica, run_replicas
 from tests.e2e.conftest import Picker, picker_for
 from tests.e2e.helpers import post
 from tests.kvevents.helpers import PROMPTS, SIM, complete, sim_blocks, spec_for

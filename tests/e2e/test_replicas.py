@@ -20,10 +20,10 @@ import grpc
 import pytest
 
 from extproc.pb import health_pb2, health_pb2_grpc
-from extproc.sim.config import SimConfig
-from extproc.sim.server import run_replicas
 from extproc.sync.manager import PeerSync
 from extproc.sync.wire import RECORD, UPDATES, Codec
+from prefix_epp_sim.config import SimConfig
+from prefix_epp_sim.server import run_replicas
 from tests.e2e.conftest import Picker, picker_for
 from tests.e2e.helpers import gather_limited, post
 from tests.e2e.test_precise_routing import scrape, value
@@ -210,7 +210,7 @@ async def test_a_non_peer_cannot_inject_entries(tmp_path: Path) -> None:
     async with started([picker]):
         from dataclasses import replace
 
-        from extproc.config import SyncConfig
+        from extproc.config.settings import SyncConfig
         from extproc.prefix.index import PrefixIndex
 
         cfg = replace(SyncConfig(), port=free_ports(1)[0], peers=(f"127.0.0.1:{sync_port}",), backoff_max_s=0.2)

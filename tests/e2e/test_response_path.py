@@ -17,8 +17,8 @@ import aiohttp
 import orjson
 import pytest
 
-from extproc.sim.config import SimConfig
-from extproc.sim.server import run_replicas
+from prefix_epp_sim.config import SimConfig
+from prefix_epp_sim.server import run_replicas
 from tests.e2e.conftest import Picker, picker_for
 from tests.e2e.test_precise_routing import scrape, until, value
 from tests.support.envoy import run_envoy

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from extproc.envoy_config import build_config, render
+from extproc.commands.envoy_config import build_config, render
 from tests.e2e.conftest import echo_backends, picker_for
 from tests.e2e.helpers import completion, post
 from tests.support.envoy import envoy_binary

@@ -23,12 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extproc.app import App
-from extproc.config import EppConfig
-from extproc.datastore import EndpointSpec
+from extproc.config.settings import EppConfig
+from extproc.core.datastore import EndpointSpec
 from extproc.pb import envoy_processing_mode_pb2 as mode
 from extproc.pb import external_processor_pb2 as pb
-from extproc.server.processor import StreamProcessor
+from extproc.runtime.app import App
+from extproc.transport.processor import StreamProcessor
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 FRESH = os.environ.get("FUZZ_FRESH", "") == "1"

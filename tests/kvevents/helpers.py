@@ -11,14 +11,14 @@ from typing import Any
 
 import aiohttp
 
-from extproc.config import KVEventsConfig
-from extproc.datastore import Datastore, EndpointSpec
+from extproc.config.settings import KVEventsConfig
+from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.kvevents.manager import KVEventsManager
 from extproc.kvevents.subscriber import Loss
-from extproc.sim.config import SimConfig
-from extproc.sim.kvcache import block_hash_seed, hash_blocks
-from extproc.sim.server import Replica, run_replicas
-from extproc.tokenizer import encode
+from extproc.tokenization.builtin import encode
+from prefix_epp_sim.config import SimConfig
+from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
+from prefix_epp_sim.server import Replica, run_replicas
 
 # 40 blocks of 16 tokens; a PROMPTS[i] request needs about 13 blocks, so the fourth distinct one evicts.
 SIM = SimConfig(time_scale=100.0, kv_cache_blocks=40, max_model_len=640, kv_events_port_base=0)

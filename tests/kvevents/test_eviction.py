@@ -6,11 +6,11 @@ import asyncio
 
 import orjson
 
-from extproc.app import App
-from extproc.config import EppConfig, KVEventsConfig
-from extproc.director import RequestContext
+from extproc.config.settings import EppConfig, KVEventsConfig
+from extproc.control.director import RequestContext
 from extproc.prefix.hashing import block_hashes
 from extproc.request.openai import Api, parse_request
+from extproc.runtime.app import App
 from tests.kvevents.helpers import (
     PROMPTS,
     agrees,

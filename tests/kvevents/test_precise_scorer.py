@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from extproc.config import EppConfig, KVEventsConfig
-from extproc.datastore import Datastore, Endpoint, EndpointSpec
+from extproc.config.settings import EppConfig, KVEventsConfig
+from extproc.core.datastore import Datastore, Endpoint, EndpointSpec
 from extproc.discovery.static import parse_endpoints
 from extproc.kvevents.manager import source_addresses
 from extproc.prefix.index import PrefixIndex
@@ -100,7 +100,7 @@ def test_events_addresses_from_flags_static_syntax_and_ranks() -> None:
 def test_cli_flags_default_to_and_fill_kv_events_config() -> None:
     import argparse
 
-    from extproc import serve
+    from extproc.commands import serve
 
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)

@@ -9,15 +9,15 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from extproc.datastore import Datastore, EndpointSpec
+from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.manager import KVEventsManager
 from extproc.kvevents.subscriber import Loss
-from extproc.sim.config import KVEventsEncoding
-from extproc.sim.kv_events import encode_batch
-from extproc.sim.kvcache import BlockRemoved, BlockStored
-from extproc.sim.server import Replica
-from extproc.tokenizer import encode
+from extproc.tokenization.builtin import encode
+from prefix_epp_sim.config import KVEventsEncoding
+from prefix_epp_sim.kv_events import encode_batch
+from prefix_epp_sim.kvcache import BlockRemoved, BlockStored
+from prefix_epp_sim.server import Replica
 from tests.kvevents.helpers import (
     FAST,
     PROMPTS,

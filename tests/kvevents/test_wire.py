@@ -6,8 +6,8 @@ import msgpack
 import pytest
 
 from extproc.kvevents.wire import Cleared, Removed, Stored, WireError, decode_batch, normalize_hash
-from extproc.sim.kv_events import encode_batch
-from extproc.sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored
+from prefix_epp_sim.kv_events import encode_batch
+from prefix_epp_sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored
 
 EVENTS = [
     BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=list(range(32)), block_size=16),

@@ -14,11 +14,11 @@ import pytest
 from envoy_data_plane.envoy.config.core import v3 as canon_core
 from envoy_data_plane.envoy.service.ext_proc import v3 as canon
 
-from extproc.errors import EppError, ErrorCode
+from extproc.core.errors import EppError, ErrorCode
 from extproc.pb import envoy_core_pb2 as core
 from extproc.pb import envoy_processing_mode_pb2 as mode
 from extproc.pb import external_processor_pb2 as pb
-from extproc.server import responses as R
+from extproc.transport import responses as R
 
 
 def _request_headers() -> pb.ProcessingRequest:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from extproc.errors import EppError, ErrorCode
+from extproc.core.errors import EppError, ErrorCode
 from extproc.request.openai import Api, api_from_path, parse_request
 
 

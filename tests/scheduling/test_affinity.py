@@ -7,12 +7,12 @@ from collections import Counter
 
 import orjson
 
-from extproc.app import App
-from extproc.config import AffinityConfig, EppConfig
-from extproc.datastore import Datastore, EndpointSpec
-from extproc.director import RequestContext
+from extproc.config.settings import AffinityConfig, EppConfig
+from extproc.control.director import RequestContext
+from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.prefix.hashing import affinity_hash, block_hashes
 from extproc.prefix.index import PrefixIndex
+from extproc.runtime.app import App
 from extproc.scheduling.build import default_scheduler
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.scorers.prefix import PrefixScorer

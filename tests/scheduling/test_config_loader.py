@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from extproc import serve
-from extproc.config import EppConfig, defaults_of
+from extproc.commands import serve
+from extproc.config.settings import EppConfig, defaults_of
+from extproc.config.validate import overridden
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler
 from extproc.scheduling.config_loader import ConfigError, load_config, load_text, parse_duration
-from extproc.validate import overridden
 
 FULL = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1

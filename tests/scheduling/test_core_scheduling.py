@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from extproc.config import EppConfig
-from extproc.datastore import Datastore, EndpointSpec
-from extproc.errors import EppError
+from extproc.config.settings import EppConfig
+from extproc.core.datastore import Datastore, EndpointSpec
+from extproc.core.errors import EppError
 from extproc.prefix.hashing import block_hashes
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import default_scheduler

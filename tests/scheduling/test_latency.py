@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.config import LatencyConfig
-from extproc.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.config.settings import LatencyConfig
+from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
 from extproc.scheduling.latency import CHURN_HALF_LIFE_S, LatencyModel
 
 # Round numbers: 0.1 ms per token (10 tokens per ms), overhead 10 ms, 0.5 ms per running sequence

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from extproc.config import EppConfig, SaturationConfig
-from extproc.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
-from extproc.errors import EppError, ErrorCode
+from extproc.config.settings import EppConfig, SaturationConfig
+from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.core.errors import EppError, ErrorCode
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import Profile, build_scheduler
 from extproc.scheduling.interfaces import SchedulingRequest

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from extproc.config import EppConfig, LatencyConfig, PrefixConfig
-from extproc.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.config.settings import EppConfig, LatencyConfig, PrefixConfig
+from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
 from extproc.prefix.hashing import block_hashes
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler, default_profile

@@ -8,7 +8,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from extproc.envoy_config import build_config, render
+from extproc.commands.envoy_config import build_config, render
 from tests.support.procs import VENV_BIN, Proc, free_port, running
 
 

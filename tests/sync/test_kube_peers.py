@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from extproc.config import DiscoveryConfig, EppConfig, SyncConfig
+from extproc.config.settings import DiscoveryConfig, EppConfig, SyncConfig
 from extproc.sync.kube_peers import PeerPods, parse_selector
 from tests.support.kube import PODS, KubeApi, pod, ready_condition
 

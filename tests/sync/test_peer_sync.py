@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from extproc.config import SyncConfig
+from extproc.config.settings import SyncConfig
 from extproc.prefix.index import PrefixIndex
 from extproc.sync.manager import PeerSync
 from tests.support.procs import free_ports
@@ -153,8 +153,8 @@ async def test_scale_down_and_up_follow_set_peers(pair: tuple[PeerSync, PeerSync
 
 
 async def test_precise_speculative_entries_are_shared() -> None:
-    from extproc.config import KVEventsConfig
-    from extproc.datastore import Datastore
+    from extproc.config.settings import KVEventsConfig
+    from extproc.core.datastore import Datastore
     from extproc.kvevents.manager import KVEventsManager
 
     pa, pb = free_ports(2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from extproc.datastore import Endpoint
+from extproc.core.datastore import Endpoint
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.load import usable_metrics
 

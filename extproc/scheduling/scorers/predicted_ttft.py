@@ -49,9 +49,9 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from extproc.config import NEW_PREFIX_PLACEMENTS, EppConfig
-from extproc.datastore import Endpoint
-from extproc.metrics.scrape import auto_tuned_capacity
+from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
+from extproc.core.datastore import Endpoint
+from extproc.prefix.capacity import auto_tuned_capacity
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.latency import LatencyModel

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from extproc.datastore import Endpoint
+from extproc.core.datastore import Endpoint
 from extproc.scheduling.interfaces import SchedulingRequest
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from extproc.datastore import Endpoint
+from extproc.core.datastore import Endpoint
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.load import queue_depth, usable_metrics
 from extproc.scheduling.scorers.inflight import min_max_inverse

@@ -1,0 +1,262 @@
+"""Every default of the picker, defined once.
+
+`EppConfig` is the single source of truth: the CLI (`prefix-epp serve`) takes its flag defaults
+from it, the EndpointPickerConfig loader fills parameters from it, and the Helm chart's values are
+tested against it. Names follow the Go EPP of the Gateway API Inference Extension where a knob
+has an equivalent there (`--grpc-port`, `lruCapacityPerServer`, weights 2/2/3, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class PrefixConfig:
+    """Approximate prefix-cache index (see extproc/prefix/)."""
+
+    block_size_bytes: int = 64  # 16 tokens x ~4 bytes per token, as the Go EPP
+    bytes_per_token: int = 4  # blockSizeTokens -> bytes, and auto-tune (see extproc/scraping/scraper.py)
+    # maxPrefixBlocksToMatch: 2048 x 64 bytes = 128 KB (~32k tokens), llm-d's current default. The Go
+    # EPP v1.5's 256 (16 KB, ~4k tokens) cannot tell apart prompts that differ after their first 16 KB,
+    # e.g. chats sharing a long system prompt, and under-predicts cached tokens of longer prompts.
+    # Cost: decision p50 0.89 ms for a 512 KB prompt (0.29 ms at 256), unchanged for 8 KB.
+    max_prefix_blocks: int = 2048
+    lru_capacity_per_server: int = 31250  # Go EPP lruCapacityPerServer (~500k tokens of KV)
+    auto_tune: bool = True  # size from vllm:cache_config_info when scraped
+
+
+@dataclass(frozen=True)
+class AffinityConfig:
+    """Affinity hints (extproc/control/affinity.py): requests that share a key count as sharing a prefix.
+
+    The key is the body's `prompt_cache_key` (OpenAI), else the value of `session_header`; it is
+    only hashed (never stored, logged or used as a metric label).
+    """
+
+    enabled: bool = True  # --affinity-hints
+    session_header: str = "x-session-id"  # --session-header: lower-case header name; "" reads no header
+
+
+@dataclass(frozen=True)
+class SpillConfig:
+    """Hot-spot guard: an endpoint this much busier than the least loaded one is not a candidate.
+
+    load(e) > spill_relative * min_load + spill_absolute  =>  e is skipped (unless all are).
+    """
+
+    relative: float = 1.5
+    absolute: float = 4.0
+
+
+@dataclass(frozen=True)
+class WeightsConfig:
+    prefix: float = 5.0  # > queue 2 + inflight 2: a full cache hit outweighs any load difference
+    # short of the spill limit (measured: see extproc/scheduling/build.py)
+    queue: float = 2.0
+    kv_cache: float = 2.0
+    inflight: float = 1.0
+    unlisted: float = 1.0  # a scorer named in an EndpointPickerConfig profile without a weight
+
+
+SCHEDULERS = ("predicted-ttft", "weighted")  # built-in profiles (extproc/scheduling/build.py)
+NEW_PREFIX_PLACEMENTS = ("homes", "churn")  # LatencyConfig.new_prefix_placement
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    """Predicted-TTFT scheduling (extproc/scheduling/latency.py): priors the engines' metrics refine.
+
+    The priors describe Llama-3-8B (bf16) under vLLM on one H100, as the simulator does
+    (prefix_epp_sim/engine.py); each endpoint's `slowdown` is then learned from its TTFT histogram,
+    so a slower GPU or a bigger model is measured, not configured.
+    """
+
+    prefill_ms_per_token: float = 0.06  # ~16.7k prompt tokens/s
+    overhead_ms: float = 10.0  # one engine step and first-token sampling, paid by every request
+    decode_ms_per_seq: float = 0.15  # what each running sequence adds to every engine step
+    step_tokens: int = 8192  # vLLM max_num_batched_tokens: prefill tokens per engine step
+    # Copying a prefix onto a replica whose cache is full evicts as many tokens of other prefixes;
+    # they are charged at this multiple of their prefill time (0: capacity is ignored). Under
+    # pressure an evicted prefix's return evicts another in turn, so one recompute undercounts:
+    # 2 measured best (README, "Capacity").
+    eviction_weight: float = 2.0
+    # Where a prompt no candidate holds goes on full caches (extproc/scheduling/scorers/
+    # predicted_ttft.py, 3.): "homes", where fewer prefix families live, or "churn", where fewer
+    # tokens were recently inserted, so that the new prefix outlives its LRU longest.
+    new_prefix_placement: str = "homes"
+    # A replica that served the request's affinity key (prompt_cache_key, session header) is
+    # credited with this share of the request's uncached prefill: the key says the prompt shares
+    # more with that replica's earlier requests than the prefix index can see.
+    affinity_credit: float = 0.5
+    calibrate: bool = True  # learn each endpoint's slowdown from vllm:time_to_first_token_seconds
+    min_slowdown: float = 0.25
+    max_slowdown: float = 8.0
+
+
+@dataclass(frozen=True)
+class SaturationConfig:
+    """utilization-detector (Go EPP defaults): sheddable requests get 429 while the pool is saturated."""
+
+    queue_depth_threshold: float = 5.0
+    kv_cache_util_threshold: float = 0.8
+    metrics_staleness_threshold_s: float = 0.2
+    headroom: float = 0.0
+
+
+@dataclass(frozen=True)
+class MetricsSourceConfig:
+    """metrics-data-source: where each endpoint's model-server metrics are scraped."""
+
+    scheme: str = "http"
+    path: str = "/metrics"
+    insecure_skip_verify: bool = True
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """Kubernetes list-then-watch loops (extproc/discovery/watch.py)."""
+
+    watch_timeout_s: float = 60.0  # server-side timeoutSeconds, jittered up to 2x; read timeout + min(5 s, T/2)
+    request_timeout_s: float = 10.0  # connect and read timeout of LIST requests
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 5.0
+    stop_timeout_s: float = 2.0  # bounded wait for the watch threads at shutdown
+    objective_recheck_interval_s: float = 60.0  # probe again for a missing InferenceObjective CRD
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """Precise prefix routing from engine KV-cache events, and its tokenizer (extproc/kvevents/)."""
+
+    prefix_scorer: str = "approximate"  # --prefix-scorer: approximate | precise (implies enabled)
+    enabled: bool = False  # --kv-events: subscribe even while the approximate scorer routes (closed loop)
+    port: int = 5557  # vLLM's default publisher port, on the endpoint's host
+    replay_port: int = 0  # vLLM's replay ROUTER port on the same host; 0: no replay
+    dp_size: int = 1  # data-parallel ranks per endpoint; rank r publishes on port + r
+    block_size: int = 16  # engine tokens per block until vllm:cache_config_info or an event says
+    index_capacity: int = 32768  # entries per (endpoint, rank) until num_gpu_blocks is scraped
+    max_blocks: int = 2048  # leading blocks of a prompt looked up at most (llm-d's default)
+    speculative_ttl_s: float = 2.0  # decision-time entries count this long (llm-d's default)
+    resync_window_s: float = 5.0  # fresh events needed after a resync before precise scoring resumes
+    silence_timeout_s: float = 10.0  # routed to, no message since: uncertain (entries kept)
+    replay_timeout_s: float = 1.0  # per message read from the replay socket
+    max_messages_per_iteration: int = 64  # subscriber work between two yields to the event loop
+    maintenance_interval_s: float = 0.5  # expire speculative entries, capacities, block size
+    tokenizer: str = "builtin"  # builtin | remote | /path/to/tokenizer.json
+    tokenize_timeout_s: float = 0.1  # remote: POST /tokenize on an endpoint
+
+
+@dataclass(frozen=True)
+class ProxyTrafficConfig:
+    """Envoy-side traffic defaults for the model route: `prefix-epp envoy-config` and the Helm
+    chart's BackendTrafficPolicy both use these (tests/deploy checks the chart against them)."""
+
+    # Circuit breaker of the model cluster. Envoy's default of 1,024 concurrent requests per
+    # cluster answers 503 (overflow) above that; one Envoy in front of a large vLLM pool holds
+    # thousands of long generations at once.
+    max_connections: int = 40000
+    max_pending_requests: int = 40000
+    max_parallel_requests: int = 40000
+    max_parallel_retries: int = 1024
+    # Retries walk the picker's fallback list (only when max_endpoints > 1, one retry per
+    # fallback). Only failures before the request reached a model server or before it answered
+    # with headers: a generation is never retried after its response started.
+    retry_on: tuple[str, ...] = ("connect-failure", "refused-stream", "reset-before-request",
+                                 "retriable-status-codes")
+    retriable_status_codes: tuple[int, ...] = (502, 503, 504)
+    retry_backoff_base_ms: int = 25
+    # Whole-request timeout: long generations (minutes of streamed tokens) must not be cut.
+    route_timeout_s: int = 3600
+    connect_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """Peer sync of the prefix index between picker replicas (extproc/sync/)."""
+
+    port: int = 0  # --sync-port: 0 = no sync
+    peers: tuple[str, ...] = ()  # --peers host:port,...: static peers (a replica may list itself)
+    peer_selector: str = ""  # --peer-selector: Kubernetes label selector of the picker's own pods
+    secret_file: str = ""  # --sync-secret-file; else env PREFIX_EPP_SYNC_SECRET
+    flush_interval_s: float = 0.02  # local decisions are batched this long before they are sent
+    max_batch_records: int = 1024  # records per frame at most
+    max_batch_hashes: int = 262144  # hashes per frame at most (2 MB), unless one record has more
+    pending_limit: int = 16384  # records waiting for the next flush; beyond: dropped and counted
+    peer_queue_frames: int = 256  # frames waiting per peer; beyond: dropped and counted
+    warm_timeout_s: float = 5.0  # --sync-warm-timeout: ready after this even if no peer sent a snapshot
+    snapshot_chunk_hashes: int = 32768  # hashes per snapshot frame (256 KB)
+    max_frame_bytes: int = 16 * 1024 * 1024  # a larger frame (after decompression) is refused
+    max_clock_skew_s: float = 120.0  # frames stamped further from our clock are refused (replays)
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 1.0  # a Hello per second to a peer that is down: cheap, and it rejoins fast
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """Graceful stop on SIGTERM (extproc/transport/streams.py)."""
+
+    timeout_s: float = 30.0  # --drain-timeout: = the chart's terminationGracePeriodSeconds
+    idle_s: float = 1.0  # exit once no ext_proc stream has been open for this long
+
+
+@dataclass(frozen=True)
+class EppConfig:
+    grpc_port: int = 9002
+    grpc_health_port: int = 9003
+    metrics_port: int = 9090
+    bind_address: str = "0.0.0.0"
+    secure_serving: bool = True
+    cert_path: str = ""
+    endpoints: tuple[str, ...] = ()
+    pool_name: str = ""
+    pool_namespace: str = ""
+    pool_group: str = "inference.networking.k8s.io"
+    kubeconfig: str = ""
+    max_endpoints: int = 1
+    explain_decisions: bool = False
+    max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)
+    # Share of routed requests whose response body the picker asks for (the closed loop of
+    # server/usage.py). A sampled streamed answer costs a round trip per chunk, ~0.07 ms of picker
+    # CPU per token (bench/overhead.py: ~37 ms for 500 tokens against ~2 ms for a request), so 0.2 %
+    # adds ~0.07 ms to the average 500-token request and still gives 720 samples an hour at 100 req/s.
+    usage_sample_rate: float = 0.002
+    # All streams' buffered bodies together (429 + Retry-After beyond): a quarter of the chart's 2 GiB
+    # memory limit (extproc/transport/body_budget.py).
+    max_buffered_bytes: int = 512 * 1024 * 1024
+    disable_endpoint_subset_filter: bool = False
+    refresh_metrics_interval_s: float = 0.05
+    metrics_staleness_threshold_s: float = 2.0
+    scrape_timeout_s: float = 1.0
+    config_file: str = ""  # EndpointPickerConfig YAML (extproc/scheduling/config_loader.py)
+    config_text: str = ""
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    affinity: AffinityConfig = field(default_factory=AffinityConfig)
+    spill: SpillConfig = field(default_factory=SpillConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
+    # Built-in profile when no EndpointPickerConfig gives one (extproc/scheduling/build.py):
+    # predicted-ttft (least predicted time to first token) or weighted (the Go EPP's weighted sum).
+    scheduler: str = "predicted-ttft"
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    saturation: SaturationConfig = field(default_factory=SaturationConfig)
+    metrics_source: MetricsSourceConfig = field(default_factory=MetricsSourceConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    workers: int = 1  # --workers: picker processes sharing the ext_proc port (extproc/runtime/workers.py)
+    seed: int | None = None
+    # Model names that keep their own metric label (besides those the engines report); any other
+    # client-chosen name is counted as "other" (extproc/telemetry/labels.py).
+    model_names: tuple[str, ...] = ()
+
+
+def defaults_of(cls: type) -> dict[str, object]:
+    """Field name -> default value of a config dataclass (for CLI help and consistency tests)."""
+    out: dict[str, object] = {}
+    for f in fields(cls):
+        if f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = f.default
+    return out

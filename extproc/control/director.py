@@ -1,0 +1,247 @@
+"""The director: from a parsed request to a routing decision, the picker's request-path logic.
+
+route(ctx):
+1. Parse the body (400 on invalid JSON, a non-object or a missing model).
+2. Resolve the request's priority from its InferenceObjective header.
+3. Candidates: the datastore's endpoints, narrowed by the proxy's subset hint and by the
+   `test-epp-endpoint-selection` header; none left -> 503.
+4. Admission (saturation: sheddable requests get 429 while the pool is saturated).
+5. Hash the prompt into prefix blocks and its affinity hint, if any (`prompt_cache_key`, else the
+   session header: extproc/control/affinity.py), and, with KV events on, tokenize it
+   (extproc/tokenization/) into token-block keys for the precise index; then run the scheduler.
+6. Count the request in flight on the chosen endpoint until `complete()`; if the proxy reports
+   (x-gateway-destination-endpoint-served) that a fallback served it, `served_by` moves the
+   count and the prefix-index record to that endpoint.
+
+In precise mode the processor awaits `prepare(ctx, body)` once the body is complete and before
+`route`: it parses the body and tokenizes it off the event loop (local tokenizers in a worker
+thread, extproc/tokenization/; the remote one over HTTP), so a 7,200-token prompt never stalls other
+streams. `route` tokenizes in line only when `prepare` was not called (in-process callers). `track_usage(ctx, decision)`
+starts the closed loop for the response (extproc/control/usage.py) when `feedback` is set and the
+usage sampler (`--usage-sample-rate`) picks the request; only then does the processor ask the proxy
+for the response body.
+
+Bodiless requests (GET /v1/models) skip 1, 4 and 5: a random candidate is chosen.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from extproc.config.settings import EppConfig
+from extproc.control.affinity import affinity_hint
+from extproc.control.usage import Prediction, Report, UsageSampler, UsageTracker, matched_bytes
+from extproc.core.datastore import Datastore, Endpoint, split_host_port
+from extproc.core.errors import EppError, ErrorCode
+from extproc.prefix.hashing import block_hashes
+from extproc.request.openai import ParsedRequest, api_from_path, parse_request
+from extproc.scheduling.interfaces import SchedulingRequest
+from extproc.scheduling.scheduler import Decision, Scheduler
+from extproc.tokenization.factory import Tokenizer
+
+Admission = Callable[[SchedulingRequest, Sequence[Endpoint]], None]
+
+
+class PreciseKeys(Protocol):
+    """What the director needs of the precise index (extproc/kvevents/manager.py implements it):
+    the engine's block size, how many prompt tokens a lookup can use, and a prompt's block keys."""
+
+    block_size: int
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    def keys_for(self, model: str, cache_salt: str, tokens: Sequence[int]) -> list[int] | None: ...
+
+
+@dataclass(slots=True)
+class RequestContext:
+    path: str = "/"
+    method: str = "POST"
+    request_id: str = ""
+    objective: str = ""
+    test_selection: str = ""
+    subset: list[str] | None = None
+    parsed: ParsedRequest | None = None
+    tokens: list[int] | None = None  # from an asynchronous tokenizer (prepare)
+    session: str = ""  # the session header's value (affinity hint): only ever hashed
+    affinity_source: str = ""  # set by route: where the request's affinity hint came from, if any
+
+
+def _matches(ep: Endpoint, wanted: set[str]) -> bool:
+    return ep.key in wanted or ep.address in wanted
+
+
+def _parse_endpoint_list(values: Sequence[str]) -> set[str]:
+    """Entries may be `ip`, `ip:port` or `[ipv6]:port`, possibly comma-separated."""
+    wanted: set[str] = set()
+    for value in values:
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            wanted.add(item)
+            try:
+                host, port = split_host_port(item)
+            except ValueError:
+                continue
+            wanted.add(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return wanted
+
+
+class Director:
+    def __init__(
+        self,
+        config: EppConfig,
+        datastore: Datastore,
+        scheduler: Scheduler,
+        admission: Admission | None = None,
+        priority_of: Callable[[str], int] | None = None,
+        rng: random.Random | None = None,
+        precise: PreciseKeys | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.config = config
+        self.datastore = datastore
+        self.scheduler = scheduler
+        self.admission = admission
+        self.priority_of = priority_of or (lambda _name: 0)
+        self._rng = rng or random.Random()
+        self.precise = precise
+        self.tokenizer = tokenizer if precise is not None else None
+        self.feedback: Report | None = None  # closed-loop reporter (EppMetrics.observe_cached_prediction)
+        self.usage_sampler = UsageSampler(config.usage_sample_rate)
+
+    def candidates(self, ctx: RequestContext) -> list[Endpoint]:
+        endpoints: list[Endpoint] = list(self.datastore.snapshot())
+        if not endpoints:
+            raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoints in the pool")
+        if ctx.subset is not None and not self.config.disable_endpoint_subset_filter:
+            wanted = _parse_endpoint_list(ctx.subset)
+            endpoints = [ep for ep in endpoints if _matches(ep, wanted)]
+            if not endpoints:
+                raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no eligible endpoint in the subset hint")
+        if ctx.test_selection:
+            wanted = _parse_endpoint_list([ctx.test_selection])
+            endpoints = [ep for ep in endpoints if _matches(ep, wanted)]
+            if not endpoints:
+                raise EppError(ErrorCode.SERVICE_UNAVAILABLE,
+                               "no endpoint matches the test-epp-endpoint-selection header")
+        return endpoints
+
+    def new_request_id(self) -> str:
+        return str(uuid.uuid4())
+
+    def route(self, ctx: RequestContext, body: bytes) -> Decision:
+        parsed = ctx.parsed if ctx.parsed is not None else parse_request(api_from_path(ctx.path), body)
+        ctx.parsed = parsed
+        candidates = self.candidates(ctx)
+        pcfg = self.config.prefix
+        request = SchedulingRequest(
+            request_id=ctx.request_id,
+            model=parsed.model,
+            block_hashes=block_hashes(parsed.segments, parsed.model, parsed.cache_salt,
+                                      pcfg.block_size_bytes, pcfg.max_prefix_blocks),
+            priority=self.priority_of(ctx.objective) if ctx.objective else 0,
+            prompt_bytes=sum(map(len, parsed.segments)),
+        )
+        request.affinity_hash, ctx.affinity_source = affinity_hint(
+            self.config.affinity, parsed.model, parsed.cache_salt, parsed.affinity_key, ctx.session)
+        if self.precise is not None:
+            request.token_keys = self._token_keys(ctx, parsed)
+            tokens = len(ctx.tokens or ())
+            # Tokenization stops at the precise index's reach: a longer prompt is estimated from its bytes.
+            request.prompt_tokens = tokens if tokens < self.precise.max_tokens else 0
+        if self.admission is not None:
+            self.admission(request, candidates)
+        decision = self.scheduler.schedule(request, candidates)
+        self.datastore.acquire(decision.primary.key)
+        return decision
+
+    def route_bodiless(self, ctx: RequestContext) -> Endpoint:
+        candidates = self.candidates(ctx)
+        ep = candidates[self._rng.randrange(len(candidates))]
+        self.datastore.acquire(ep.key)
+        return ep
+
+    def complete(self, ep: Endpoint, decision: Decision | None = None) -> None:
+        """The request on `ep` ended: release its in-flight count; the scheduler's observers learn
+        that its prefill is over (a response came back, or the stream ended)."""
+        self.datastore.release(ep)
+        if decision is not None:
+            self.scheduler.finished(decision, ep)
+
+    def served_by(self, decision: Decision, current: Endpoint, served: str) -> Endpoint:
+        """The proxy reports that `served` (ip:port) answered the request. If that is another
+        endpoint of the decision's list, move the in-flight count and the prefix-index record
+        there and return it; otherwise (unknown, not ours to move to, or the same) keep `current`.
+        Only endpoints we returned are accepted, so a forged report cannot shift load elsewhere."""
+        wanted = _parse_endpoint_list([served])
+        target = next((ep for ep in decision.endpoints if _matches(ep, wanted)), None)
+        if target is None or target.key == current.key:
+            return current
+        moved = self.datastore.acquire(target.key)
+        if moved is None:  # left the pool meanwhile
+            return current
+        self.datastore.release(current)
+        self.scheduler.reassign(decision, moved)
+        return moved
+
+    # -- precise prefix routing and the closed loop --------------------------------------------
+    @property
+    def tokenizes_async(self) -> bool:
+        """True when routing needs `prepare` first: precise mode tokenizes off the event loop."""
+        return self.tokenizer is not None
+
+    async def prepare(self, ctx: RequestContext, body: bytes) -> None:
+        """Parse, then tokenize off the event loop (a worker thread, or the engine's /tokenize).
+
+        Errors surface later in `route`.
+        """
+        if self.tokenizer is None:
+            return
+        try:
+            ctx.parsed = parse_request(api_from_path(ctx.path), body)
+        except EppError:
+            return
+        max_tokens = self.precise.max_tokens if self.precise is not None else 0
+        ctx.tokens = await self.tokenizer.encode_async(ctx.parsed, max_tokens)
+
+    def _token_keys(self, ctx: RequestContext, parsed: ParsedRequest) -> list[int] | None:
+        assert self.precise is not None
+        tokens = ctx.tokens
+        if tokens is None and self.tokenizer is not None and not self.tokenizer.is_async:
+            tokens = ctx.tokens = self.tokenizer.encode(parsed, self.precise.max_tokens)
+        if not tokens:
+            return None
+        return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)
+
+    def track_usage(self, ctx: RequestContext, decision: Decision, *, sampled: bool | None = None,
+                    ) -> UsageTracker | None:
+        """Closed loop for this response, when sampled: the engine's cached_tokens vs the predictions.
+
+        None (the response body is not wanted) unless the request is sampled: `sampled` when the
+        caller already asked the usage sampler (the processor does, at request headers), else the
+        sampler is asked here.
+        """
+        if sampled is None:
+            sampled = self.usage_sampler.take()
+        if self.feedback is None or ctx.parsed is None or not sampled:
+            return None
+        segments = [len(s) for s in ctx.parsed.segments]
+        ep = decision.primary
+        block_size = ep.metrics.block_size if ep.metrics is not None and ep.metrics.block_size > 0 else (
+            self.precise.block_size if self.precise is not None else self.config.kv_events.block_size)
+        prediction = Prediction(
+            block_size=block_size,
+            approx_matched_bytes=matched_bytes(segments, self.config.prefix.block_size_bytes,
+                                               decision.matched_blocks),
+            prompt_bytes=sum(segments),
+            precise_blocks=decision.precise_matched if decision.precise_usable else None,
+            precise_enabled=self.precise is not None,
+        )
+        return UsageTracker(prediction, self.feedback)

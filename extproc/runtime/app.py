@@ -1,0 +1,208 @@
+"""Wiring of one picker process: datastore, prefix index, scheduler, director, metrics, servers.
+
+Construction is explicit: every component is created here and handed what it reads, so nothing
+creates its own dependencies behind the caller's back.
+
+Peer sync (extproc/sync/, `--sync-port`) is reached by the request path only through the index
+listeners registered here; readiness waits for discovery and for the warm start. Stopping is two
+steps: `drain()` (readiness NOT_SERVING, open streams finish, extproc/transport/streams.py), then `stop()`.
+
+What runs where: everything runs on one asyncio event loop (the gRPC servers, the background
+loops, /metrics collection), so the datastore and indexes need no locks. Only the Kubernetes
+watches read their HTTP streams on threads and hand events to the loop (extproc/discovery/).
+Background loops run supervised (extproc/core/background.py): a crash is logged and the loop restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from extproc.config.settings import EppConfig
+from extproc.control.director import Director
+from extproc.core.background import Supervised, supervise
+from extproc.core.datastore import Datastore, Endpoint
+from extproc.discovery.static import load_static
+from extproc.kvevents.manager import KVEventsManager, kv_events_wanted
+from extproc.prefix.index import PrefixIndex
+from extproc.runtime.workers import WorkerRole
+from extproc.scheduling.build import Profile, build_scheduler, default_profile
+from extproc.scheduling.config_loader import load_config
+from extproc.scheduling.saturation import UtilizationDetector
+from extproc.scheduling.scheduler import Scheduler
+from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
+from extproc.scraping.scraper import MetricsScraper
+from extproc.telemetry.epp import EppMetrics
+from extproc.telemetry.http import start_metrics_server
+from extproc.telemetry.kv_events import KVEventsCollector
+from extproc.telemetry.latency import LatencyCollector
+from extproc.tokenization.factory import Tokenizer, make_tokenizer
+from extproc.transport.body_budget import BodyBudget
+from extproc.transport.grpc_server import start_servers
+from extproc.transport.health import HealthServicer
+from extproc.transport.streams import StreamTracker
+
+if TYPE_CHECKING:
+    from extproc.discovery.kubernetes import KubernetesDiscovery
+    from extproc.sync.kube_peers import PeerPods
+    from extproc.sync.manager import PeerSync
+
+log = logging.getLogger("prefix_epp")
+
+
+@dataclass
+class App:
+    config: EppConfig
+    profile: Profile | None = None  # None: from --config-file/--config-text, else the default profile
+    role: WorkerRole = field(default_factory=WorkerRole)  # which worker of the pod (extproc/runtime/workers.py)
+    datastore: Datastore = field(default_factory=Datastore)
+    index: PrefixIndex = field(init=False)
+    scheduler: Scheduler = field(init=False)
+    director: Director = field(init=False)
+    metrics: EppMetrics = field(init=False)
+    health: HealthServicer = field(init=False)
+    body_budget: BodyBudget = field(init=False)  # buffered request bytes of all streams
+    detector: UtilizationDetector = field(init=False)
+    discovery: KubernetesDiscovery | None = field(init=False, default=None)
+    scraper: MetricsScraper | None = field(init=False, default=None)
+    kv_events: KVEventsManager | None = field(init=False, default=None)  # precise index (extproc/kvevents/)
+    tokenizer: Tokenizer | None = field(init=False, default=None)
+    sync: PeerSync | None = field(init=False, default=None)  # peer sync (extproc/sync/)
+    peer_pods: PeerPods | None = field(init=False, default=None)
+    streams: StreamTracker = field(default_factory=StreamTracker)
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+    supervised: list[Supervised] = field(default_factory=list)
+    _servers: list[grpc.aio.Server] = field(default_factory=list)
+    _metrics_server: Any = None
+
+    def __post_init__(self) -> None:
+        if self.profile is None:
+            self.config, self.profile = load_config(self.config)
+        cfg = self.config
+        self.index = PrefixIndex(cfg.prefix.lru_capacity_per_server)
+        self.datastore.on_removed(self._forget)
+        scorer_types = [t for t, _ in (self.profile or default_profile(cfg)).scorers]
+        if kv_events_wanted(cfg.kv_events, scorer_types):
+            self.kv_events = KVEventsManager(cfg.kv_events, self.datastore)
+            self.tokenizer = make_tokenizer(cfg.kv_events.tokenizer, self.datastore, cfg.kv_events.tokenize_timeout_s)
+        self.scheduler = build_scheduler(cfg, self.index, self.profile, precise=self.kv_events)
+        self.detector = UtilizationDetector(cfg.saturation)
+        if cfg.pool_name:
+            from extproc.discovery.kubernetes import KubernetesDiscovery  # imports the kubernetes client
+
+            self.discovery = KubernetesDiscovery(cfg, self.datastore)
+        if cfg.refresh_metrics_interval_s > 0:
+            self.scraper = MetricsScraper(cfg, self.datastore, self.index)
+        self.director = Director(cfg, self.datastore, self.scheduler, admission=self.detector.admit,
+                                 priority_of=self.discovery.priority_of if self.discovery else None,
+                                 precise=self.kv_events, tokenizer=self.tokenizer)
+        self.metrics = EppMetrics(self.datastore, self.index, cfg.pool_name, cfg.metrics_staleness_threshold_s,
+                                  cfg.model_names)
+        if self.scraper is not None:
+            self.scraper.on_models = self.metrics.models.learn  # engines' model names keep their label
+        self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/control/usage.py)
+        if self.kv_events is not None:
+            self.metrics.registry.register(KVEventsCollector(self.kv_events))
+        for observer in self.scheduler.observers:
+            if isinstance(observer, PredictedTtftScorer):
+                self.metrics.registry.register(LatencyCollector(observer.model))
+        if cfg.sync.port or self.role.count > 1:
+            self._wire_sync()
+        self.health = HealthServicer(self._ready)
+        self.body_budget = BodyBudget(cfg.max_buffered_bytes)
+
+    def _wire_sync(self) -> None:
+        from extproc.sync.manager import PeerSync, load_secret
+        from extproc.telemetry.sync import SyncCollector
+
+        cfg = self.config
+        sync = self.sync = PeerSync(cfg.sync, load_secret(cfg.sync), self.index, self.kv_events,
+                                    bind=cfg.bind_address, reuse_port=self.role.count > 1,
+                                    sibling_port=self.role.sibling_port, siblings=self.role.siblings)
+        self.index.on_record(sync.outbox.record)
+        if self.kv_events is not None:
+            self.kv_events.on_record(sync.outbox.speculative)
+        self.datastore.on_removed(lambda ep: sync.outbox.removed(ep.key))
+        self.metrics.registry.register(SyncCollector(sync))
+        if cfg.sync.peer_selector:
+            from extproc.sync.kube_peers import PeerPods
+
+            self.peer_pods = PeerPods(cfg, sync.set_peers)
+
+    def _ready(self) -> bool:
+        return self.datastore.synced and (self.sync is None or self.sync.warm)
+
+    def _forget(self, ep: Endpoint) -> None:
+        self.index.remove_endpoint(ep.key)
+
+    async def start(self) -> None:
+        cfg = self.config
+        if cfg.endpoints:
+            load_static(self.datastore, cfg.endpoints)
+        if self.discovery is not None:
+            self._supervise("discovery", self.discovery.run)
+        if self.scraper is not None:
+            self._supervise("metrics-scraper", self.scraper.run)
+        if self.kv_events is not None:
+            self._supervise("kv-events", self.kv_events.run)
+        if self.sync is not None:
+            await self.sync.start()
+            if self.peer_pods is not None:
+                self._supervise("peer-pods", self.peer_pods.run)
+            self.background.append(asyncio.create_task(self.sync.warm_start(), name="warm-start"))
+        first = self.role.index == 0
+        # /metrics first: once the health port answers, every port the pod declares does.
+        if cfg.metrics_port:
+            from extproc.telemetry.pod import pod_renderer
+
+            if not first:  # read by worker 0 only (extproc/telemetry/pod.py)
+                self._metrics_server = await start_metrics_server(self.metrics.registry, "127.0.0.1",
+                                                                  self.role.metrics_port)
+            else:
+                render = (pod_renderer(self.metrics.registry, self.role.sibling_metrics) if self.role.count > 1
+                          else None)
+                self._metrics_server = await start_metrics_server(self.metrics.registry, cfg.bind_address,
+                                                                  cfg.metrics_port, render)
+        self._servers = await start_servers(
+            self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
+            health_port=cfg.grpc_health_port if first else 0, secure=cfg.secure_serving, cert_path=cfg.cert_path,
+            explain=cfg.explain_decisions, streams=self.streams, reuse_port=self.role.count > 1,
+            budget=self.body_budget,
+        )
+        log.info("picker started", extra={
+            "grpc_port": cfg.grpc_port, "health_port": cfg.grpc_health_port, "metrics_port": cfg.metrics_port,
+            "secure_serving": cfg.secure_serving, "endpoints": len(self.datastore),
+            "worker": self.role.index, "workers": self.role.count,
+        })
+
+    async def drain(self, interrupt: asyncio.Event | None = None) -> bool:
+        """Readiness NOT_SERVING at once; True once open streams ended (False: --drain-timeout)."""
+        self.health.shutting_down = True
+        d = self.config.drain
+        log.info("draining", extra={"open_streams": self.streams.open, "timeout_s": d.timeout_s})
+        done = await self.streams.drained(d.idle_s, d.timeout_s, interrupt)
+        log.info("drained" if done else "drain cut short", extra={"open_streams": self.streams.open})
+        return done
+
+    def _supervise(self, name: str, run: Callable[[], Awaitable[object]]) -> None:
+        sup = supervise(name, run)
+        self.supervised.append(sup)
+        self.background.append(sup.task)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        self.health.shutting_down = True
+        for task in self.background:
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+        if self.tokenizer is not None:
+            await self.tokenizer.close()
+        await asyncio.gather(*(s.stop(grace) for s in self._servers), return_exceptions=True)
+        if self.sync is not None:
+            await self.sync.stop()
+        if self._metrics_server is not None:
+            await self._metrics_server.cleanup()

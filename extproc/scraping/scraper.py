@@ -1,0 +1,225 @@
+"""Background scraping of every endpoint's model-server /metrics (vLLM names), off the request path.
+
+Loop: one asyncio task per endpoint (started and cancelled by the datastore's added/removed
+listeners), all sharing one aiohttp session. Each task GETs `<scheme>://<ip>:<port><path>`
+every `--refresh-metrics-interval` (start to start; default in EppConfig), with a timeout of
+`scrape_timeout_s` (1 s), asking for an uncompressed body (decompressing would cost more CPU
+than the loopback or pod network saves). The body goes through extproc/scraping/prom_text.py,
+which only looks at the lines of these families:
+
+| field | metric | several series |
+|---|---|---|
+| waiting | vllm:num_requests_waiting | summed (e.g. one per data-parallel engine) |
+| running | vllm:num_requests_running | summed |
+| kv_usage | vllm:kv_cache_usage_perc (else vllm:gpu_cache_usage_perc) | the highest |
+| block_size, num_gpu_blocks | vllm:cache_config_info labels | the first |
+| running/waiting_loras, max_lora | vllm:lora_requests_info labels | the newest (highest value) |
+| model_names | `model_name` labels of vllm:num_requests_running | all |
+| ttft_sum_s, ttft_count | vllm:time_to_first_token_seconds_sum / _count | summed |
+| prompt_tokens | vllm:prompt_tokens_total | summed |
+
+Model names and LoRA adapters seen are handed to `on_models` (extproc/telemetry/labels.py: the
+model names that keep their own metric label).
+
+A scrape is successful when the status is 200 and at least one of the first three families is
+present; its result goes to `Datastore.set_metrics` with `ok=True` and `updated_at=now`. A failed
+scrape keeps the last values with `ok=False` and the old `updated_at`, so every metric-based
+plugin scores the endpoint as saturated (extproc/scheduling/load.py: usable_metrics). Failures
+are logged once per transition per endpoint.
+
+Prefix-index auto-tune (PrefixConfig.auto_tune, `autoTune` of prefix-cache-scorer): an engine
+holds num_gpu_blocks blocks of block_size tokens, i.e. num_gpu_blocks * block_size * bytes_per_token
+prompt bytes (~4 bytes per token), and the index counts blocks of block_size_bytes, so
+
+    capacity(e) = max(1, num_gpu_blocks * block_size * bytes_per_token // block_size_bytes)
+
+e.g. 1000 GPU blocks of 16 tokens with 64-byte index blocks -> 1000 index blocks. It is applied
+with PrefixIndex.set_capacity whenever the reported cache config changes; once the predicted-TTFT
+scorer has learned the pool's bytes per token (extproc/scheduling/latency.py), it re-applies the
+formula with that value instead of 4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import aiohttp
+
+from extproc.config.settings import EppConfig
+from extproc.core.datastore import Datastore, Endpoint, ModelServerMetrics, join_host_port
+from extproc.prefix.capacity import auto_tuned_capacity
+from extproc.prefix.index import PrefixIndex
+from extproc.scraping.prom_text import samples
+
+log = logging.getLogger("prefix_epp.scrape")
+
+WAITING = b"vllm:num_requests_waiting"
+RUNNING = b"vllm:num_requests_running"
+KV_USAGE = b"vllm:kv_cache_usage_perc"
+KV_USAGE_V0 = b"vllm:gpu_cache_usage_perc"
+CACHE_CONFIG = b"vllm:cache_config_info"
+LORA_INFO = b"vllm:lora_requests_info"
+TTFT_SUM = b"vllm:time_to_first_token_seconds_sum"
+TTFT_COUNT = b"vllm:time_to_first_token_seconds_count"
+PROMPT_TOKENS = b"vllm:prompt_tokens_total"
+
+
+class ScrapeError(Exception):
+    pass
+
+
+def _split_names(value: str) -> frozenset[str]:
+    return frozenset(v.strip() for v in value.split(",") if v.strip())
+
+
+def _int_label(labels: dict[str, str], key: str) -> int:
+    try:
+        return int(float(labels.get(key, "0")))
+    except ValueError:
+        return 0
+
+
+def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
+    """Extract the vLLM load signals from one exposition; ScrapeError when none is there."""
+    waiting = samples(body, WAITING, want_labels=False)
+    running = samples(body, RUNNING)
+    kv = samples(body, KV_USAGE, want_labels=False) or samples(body, KV_USAGE_V0, want_labels=False)
+    if not (waiting or running or kv):
+        raise ScrapeError("no vLLM load metrics in the exposition")
+    m = ModelServerMetrics(
+        waiting=sum(v for _, v in waiting),
+        running=sum(v for _, v in running),
+        kv_usage=max(v for _, v in kv) if kv else 0.0,
+        model_names=frozenset(labels["model_name"] for labels, _ in running if labels.get("model_name")),
+        updated_at=now, ok=True,
+    )
+    cache = samples(body, CACHE_CONFIG)
+    if cache:
+        m.block_size = _int_label(cache[0][0], "block_size")
+        m.num_gpu_blocks = _int_label(cache[0][0], "num_gpu_blocks")
+    ttft_count = samples(body, TTFT_COUNT, want_labels=False)
+    if ttft_count:
+        m.ttft_count = sum(v for _, v in ttft_count)
+        m.ttft_sum_s = sum(v for _, v in samples(body, TTFT_SUM, want_labels=False))
+    prompt_tokens = samples(body, PROMPT_TOKENS, want_labels=False)
+    if prompt_tokens:
+        m.prompt_tokens = sum(v for _, v in prompt_tokens)
+    lora = samples(body, LORA_INFO)
+    if lora:
+        labels, _ = max(lora, key=lambda s: s[1])
+        m.running_loras = _split_names(labels.get("running_lora_adapters", ""))
+        m.waiting_loras = _split_names(labels.get("waiting_lora_adapters", ""))
+        m.max_lora = _int_label(labels, "max_lora")
+    return m
+
+
+class MetricsScraper:
+    def __init__(self, config: EppConfig, datastore: Datastore, index: PrefixIndex | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.datastore = datastore
+        self.index = index
+        self._clock = clock
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._capacity: dict[str, int] = {}
+        self._failing: set[str] = set()
+        self._session: aiohttp.ClientSession | None = None
+        self.scrapes = 0  # attempts so far (tests, benchmarks)
+        self.on_models: Callable[[frozenset[str]], None] | None = None  # engine-reported model names
+        datastore.on_added(self._added)
+        datastore.on_removed(self._removed)
+
+    def _url(self, ep: Endpoint) -> str:
+        src = self.config.metrics_source
+        return f"{src.scheme}://{join_host_port(ep.address, ep.port)}{src.path}"
+
+    def _added(self, ep: Endpoint) -> None:
+        if self._session is not None and ep.key not in self._tasks:
+            self._tasks[ep.key] = asyncio.get_running_loop().create_task(self._poll(ep))
+
+    def _removed(self, ep: Endpoint) -> None:
+        task = self._tasks.pop(ep.key, None)
+        if task is not None:
+            task.cancel()
+        self._capacity.pop(ep.key, None)
+        self._failing.discard(ep.key)
+
+    async def run(self) -> None:
+        """Scrape until cancelled."""
+        src = self.config.metrics_source
+        connector = aiohttp.TCPConnector(limit=0, ssl=not src.insecure_skip_verify)
+        timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout_s)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                              headers={"Accept-Encoding": "identity"}, auto_decompress=False)
+        try:
+            for ep in self.datastore.snapshot():
+                self._added(ep)
+            await asyncio.Event().wait()
+        finally:
+            tasks = list(self._tasks.values())
+            self._tasks.clear()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            session, self._session = self._session, None
+            await session.close()
+
+    async def _poll(self, ep: Endpoint) -> None:
+        interval = self.config.refresh_metrics_interval_s
+        url = self._url(ep)
+        next_at = self._clock()
+        while True:
+            try:
+                await self.scrape_once(ep, url)
+            except Exception:  # a fault in our own handling of a scrape: log it, keep polling
+                log.exception("metrics scrape handling failed", extra={"endpoint": ep.key})
+            next_at += interval
+            now = self._clock()
+            if next_at < now:
+                next_at = now
+            await asyncio.sleep(next_at - now)
+
+    async def scrape_once(self, ep: Endpoint, url: str | None = None) -> ModelServerMetrics:
+        assert self._session is not None, "scrape_once needs run() to be active"
+        self.scrapes += 1
+        try:
+            async with self._session.get(url or self._url(ep)) as resp:
+                if resp.status != 200:
+                    raise ScrapeError(f"HTTP {resp.status}")
+                body = await resp.read()
+            m = parse_vllm_metrics(body, self._clock())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            m = replace(ep.metrics, ok=False) if ep.metrics is not None else ModelServerMetrics(ok=False)
+            if ep.key not in self._failing:
+                self._failing.add(ep.key)
+                log.warning("metrics scrape failed; endpoint counts as saturated",
+                            extra={"endpoint": ep.key, "error": f"{type(exc).__name__}: {exc}"[:200]})
+        else:
+            if ep.key in self._failing:
+                self._failing.discard(ep.key)
+                log.info("metrics scrape recovered", extra={"endpoint": ep.key})
+            self._tune(ep.key, m)
+            if self.on_models is not None:
+                self.on_models(m.model_names | m.running_loras | m.waiting_loras)
+        self.datastore.set_metrics(ep.key, m)
+        return m
+
+    def _tune(self, key: str, m: ModelServerMetrics) -> None:
+        pcfg = self.config.prefix
+        if self.index is None or not pcfg.auto_tune:
+            return
+        capacity = auto_tuned_capacity(m, pcfg.block_size_bytes, pcfg.bytes_per_token)
+        if capacity is not None and self._capacity.get(key) != capacity:
+            self._capacity[key] = capacity
+            with contextlib.suppress(ValueError):
+                self.index.set_capacity(key, capacity)
+            log.info("prefix index capacity tuned from vllm:cache_config_info",
+                     extra={"endpoint": key, "capacity_blocks": capacity,
+                            "num_gpu_blocks": m.num_gpu_blocks, "block_size": m.block_size})

@@ -1,0 +1,86 @@
+"""The builtin tokenizer in cached chunks, cooperative off the event loop (what precise mode awaits).
+
+`chunk_bounds` cuts a text into chunks of about `CHUNK_CHARS` (2048) characters, only at a space
+that starts a word after a non-space character, where no piece of extproc/tokenization/builtin.py
+can straddle the cut, so the chunks' ids equal the whole text's. `BuiltinTokenizer` remembers each
+chunk's ids in an LRU (`CHUNK_CACHE_ENTRIES`, 4096 chunks, ids as uint32 arrays, ~8 KB each at
+most) keyed by the chunk's xxh3 hash: a shared system prompt or an earlier turn is tokenized once.
+`encode_async` yields to the event loop between two chunks it had to encode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import xxhash
+
+from extproc.request.openai import ParsedRequest
+from extproc.tokenization.builtin import encode
+from extproc.tokenization.local import LocalTokenizer
+
+CHUNK_CHARS = 2048
+CHUNK_CACHE_ENTRIES = 4096
+# A space preceded by a non-space and followed by a letter: every builtin piece ends before it.
+_SAFE_CUT = re.compile(r"(?<=\S) (?=[^\W\d_])")
+
+
+def chunk_bounds(text: str, size: int = CHUNK_CHARS) -> Iterator[tuple[int, int]]:
+    """(start, end) of consecutive chunks of about `size` characters, cut only at safe spaces."""
+    start, n = 0, len(text)
+    while n - start > size:
+        m = _SAFE_CUT.search(text, start + size)
+        if m is None:
+            break
+        yield start, m.start()
+        start = m.start()
+    if start < n:
+        yield start, n
+
+
+class BuiltinTokenizer(LocalTokenizer):
+    """extproc/tokenization/builtin.py in cached chunks; cooperative off-loop encoding (module docstring)."""
+
+    name = "builtin"
+
+    def __init__(self, cache_entries: int = CHUNK_CACHE_ENTRIES) -> None:
+        self._cache: OrderedDict[int, array[int]] = OrderedDict()
+        self._capacity = cache_entries
+        self.chunks_encoded = 0  # cache misses, for tests and benchmarks
+
+    def _chunk(self, piece: str) -> array[int]:
+        key = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"))
+        ids = self._cache.get(key)
+        if ids is not None:
+            self._cache.move_to_end(key)
+            return ids
+        ids = array("I", encode(piece))
+        self.chunks_encoded += 1
+        self._cache[key] = ids
+        if len(self._cache) > self._capacity:
+            self._cache.popitem(last=False)
+        return ids
+
+    def encode_text(self, text: str, chat: bool) -> list[int]:
+        out: list[int] = []
+        for start, end in chunk_bounds(text):
+            out.extend(self._chunk(text[start:end]))
+        return out
+
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+        source = self._source(parsed, max_tokens)
+        if not isinstance(source, tuple):
+            return source
+        text = source[0]
+        out: list[int] = []
+        for start, end in chunk_bounds(text):
+            misses = self.chunks_encoded
+            out.extend(self._chunk(text[start:end]))
+            if max_tokens > 0 and len(out) >= max_tokens:
+                return out[:max_tokens]
+            if self.chunks_encoded != misses:
+                await asyncio.sleep(0)  # let other streams run between two encoded chunks
+        return out

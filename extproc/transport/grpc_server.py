@@ -1,0 +1,89 @@
+"""The gRPC servers: ext_proc on --grpc-port (TLS unless --secure-serving=false) and health on
+--grpc-health-port (plaintext, for kubelet and Envoy health checks).
+
+Every ext_proc stream is counted open/closed in a `StreamTracker` (extproc/transport/streams.py) so a drain
+can wait for the last one. With `reuse_port` (--workers > 1) several processes bind the ext_proc
+port and the kernel spreads connections over them; `health_port` 0 serves no separate health port
+(a worker other than the first: the pod has one health endpoint)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from extproc.control.director import Director
+from extproc.pb import external_processor_pb2 as pb
+from extproc.pb import external_processor_pb2_grpc as pb_grpc
+from extproc.pb import health_pb2_grpc
+from extproc.telemetry.epp import EppMetrics
+from extproc.transport.body_budget import BodyBudget
+from extproc.transport.health import HealthServicer
+from extproc.transport.processor import StreamProcessor
+from extproc.transport.streams import StreamTracker
+from extproc.transport.tls import server_credentials
+
+_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, director: Director, metrics: EppMetrics, explain: bool, streams: StreamTracker,
+                 budget: BodyBudget | None) -> None:
+        self._director = director
+        self._metrics = metrics
+        self._explain = explain
+        self._streams = streams
+        self._budget = budget
+
+    async def Process(
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        processor = StreamProcessor(self._director, self._metrics, self._explain, self._budget)
+        self._streams.opened()
+        self._metrics.open_streams += 1
+        reset = True  # until the proxy's half-close ends the requests: a reset (or a fault)
+        try:
+            async for resp in processor.run(request_iterator):
+                yield resp
+            reset = False
+        finally:
+            self._streams.closed()
+            self._metrics.open_streams -= 1
+            self._metrics.stream_ended(reset)
+
+
+async def start_servers(
+    director: Director, metrics: EppMetrics, health: HealthServicer, *, bind: str, grpc_port: int,
+    health_port: int, secure: bool, cert_path: str, explain: bool, streams: StreamTracker,
+    reuse_port: bool = False, budget: BodyBudget | None = None,
+) -> list[grpc.aio.Server]:
+    options = [*_OPTIONS[1:], ("grpc.so_reuseport", 1 if reuse_port else 0)]
+    # A BUFFERED request body arrives as one message: allow the largest body the picker accepts.
+    options.append(("grpc.max_receive_message_length",
+                    max(16 * 1024 * 1024, director.config.max_request_body_bytes + 1024 * 1024)))
+    if reuse_port:
+        # The kernel balances connections, not streams, and a proxy keeps few long connections:
+        # a GOAWAY every minute makes it reconnect, landing on a random worker; streams already
+        # open on the old connection finish there (no grace limit).
+        options += [("grpc.max_connection_age_ms", 60_000), ("grpc.max_connection_age_grace_ms", 2**31 - 1)]
+    ext = grpc.aio.server(options=options)
+    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain, streams, budget), ext)
+    health_pb2_grpc.add_HealthServicer_to_server(health, ext)
+    address = f"{bind}:{grpc_port}"
+    if secure:
+        ext.add_secure_port(address, server_credentials(cert_path))
+    else:
+        ext.add_insecure_port(address)
+    await ext.start()
+    if not health_port:
+        return [ext]
+    hs = grpc.aio.server(options=_OPTIONS)
+    health_pb2_grpc.add_HealthServicer_to_server(health, hs)
+    hs.add_insecure_port(f"{bind}:{health_port}")
+    await hs.start()
+    return [ext, hs]

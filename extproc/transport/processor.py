@@ -1,0 +1,401 @@
+"""The ext_proc stream state machine: one `StreamProcessor` per HTTP request.
+
+Message sequence, FULL_DUPLEX_STREAMED request body (the Inference Extension's mode):
+
+    Envoy -> request_headers            (we answer nothing yet)
+    Envoy -> request_body x N           (buffered until end_of_stream, or request_trailers)
+    picker -> request_headers response  (destination header + envoy.lb metadata + clear_route_cache)
+    picker -> request_body x M          (the received chunks streamed back, <= 62000 bytes each, last EoS)
+    picker -> request_trailers response (only if Envoy sent request_trailers)
+
+BUFFERED request body: request_headers is answered at once (empty); the single request_body
+message is answered with the destination header mutation and metadata; the body is left as is.
+
+A request without a body (request_headers.end_of_stream) is routed at once in the headers reply.
+
+Response path. The default wiring (`prefix-epp envoy-config`: BUFFERED request bodies, response
+trailers SEND, response headers SKIP, response body NONE) keeps the picker off the token stream:
+its cost per request does not depend on the length of the answer.
+
+    picker -> request_headers response  (+ mode_override: what of this response to send)
+    [Envoy -> response_headers          picker -> + explanation header (asked for with --explain-decisions,
+                                        or --max-endpoints > 1: a served endpoint other than the first
+                                        choice moves the accounting there)]
+    [Envoy -> response_body x K         picker -> an empty reply each (STREAMED, sampled requests only)]
+    Envoy -> response_trailers          picker -> empty trailers response (only if the upstream sent some)
+    stream end                          (Envoy closes the stream when the response is complete)
+
+The per-request `mode_override` in the request_headers reply (BUFFERED requests, and bodiless
+ones routed there) sets response trailers SEND, so Envoy keeps the ext_proc stream open until the
+response is complete even where the gateway statically skips trailers (Envoy Gateway); response
+headers SEND only with --explain-decisions or fallbacks (--max-endpoints > 1); the response body
+in STREAMED mode only for the requests the usage sampler picks (the closed loop,
+server/usage.py). Completion (in-flight release) is the response's end: a response body's
+end_of_stream, the response trailers, or else the end of the gRPC stream. Envoy ignores
+`mode_override` in any other reply and whenever its static request or response body mode is
+FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage); then the static mode rules: with
+FULL_DUPLEX_STREAMED response bodies (the reference configuration) every chunk is echoed back and
+only sampled requests feed the usage parser.
+
+With an asynchronous tokenizer (precise mode) the complete body is first handed to
+`Director.prepare`, awaited, before routing, so tokenization never runs on the event loop.
+Errors end the exchange with an ImmediateResponse whose body is OpenAI-style JSON
+(extproc/core/errors.py). `run` guards the whole exchange: any unexpected exception becomes a 500 with
+the request id, counted in the error metrics and logged once with its traceback (never the
+prompt), so every stream ends with an answer Envoy can forward. In-flight accounting is released
+when the response ends, and in any case when the stream ends (client gone, Envoy reset, error).
+Ordering rule: nothing for the request body or trailers is sent before the headers reply.
+
+Refused at the first message (500 naming the mode, one log line per mode): request body modes
+other than FULL_DUPLEX_STREAMED and BUFFERED. STREAMED and BUFFERED_PARTIAL forward the headers
+before the body is complete, so the picker could not route on the prompt; NONE never sends the
+body at all (a bodiless request is still routed in every mode).
+Buffered request bytes are reserved against a process-wide budget (extproc/transport/body_budget.py):
+the declared content-length at the headers, else chunk by chunk; 429 + Retry-After beyond it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING
+
+from extproc.control.affinity import header_to_read
+from extproc.control.director import Director, RequestContext
+from extproc.core.datastore import Endpoint
+from extproc.core.errors import EppError, ErrorCode
+from extproc.pb import envoy_processing_mode_pb2 as mode_pb
+from extproc.pb import external_processor_pb2 as pb
+from extproc.telemetry.epp import EppMetrics
+from extproc.transport import responses as R
+from extproc.transport.body_budget import RETRY_AFTER_S, BodyBudget, Reservation
+from extproc.transport.lb_metadata import served_endpoint, subset_hint
+
+if TYPE_CHECKING:
+    from extproc.control.usage import UsageTracker
+    from extproc.scheduling.scheduler import Decision
+
+log = logging.getLogger("prefix_epp.extproc")
+
+_BUFFERED = mode_pb.ProcessingMode.BUFFERED
+_FULL_DUPLEX = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
+_NONE = mode_pb.ProcessingMode.NONE
+EXPLAIN_HEADER = "x-prefix-epp-decision"
+_WANTED_HEADERS = frozenset({
+    ":path", ":method", "x-request-id", "test-epp-endpoint-selection", "x-gateway-inference-objective",
+    "content-length",
+})
+_SUPPORTED_BODY_MODES = frozenset({_BUFFERED, _FULL_DUPLEX})
+_MAX_ECHOED_ID = 256  # a longer client x-request-id is not echoed in error replies
+_refused_modes_logged: set[int] = set()
+
+
+class StreamProcessor:
+    __slots__ = ("_body", "_body_bytes", "_body_done", "_director", "_endpoint", "_explain", "_headers_seen",
+                 "_metrics", "_new_request_id", "_request_mode", "_reservation", "_response_mode", "_sampled",
+                 "_session_header", "_usage", "ctx", "decision")
+
+    def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
+                 budget: BodyBudget | None = None) -> None:
+        self._director = director
+        self._reservation = Reservation(budget)
+        self._headers_seen = False
+        self._metrics = metrics
+        self._explain = explain
+        self.ctx = RequestContext()
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._body_done = False
+        self._new_request_id: str | None = None
+        self._endpoint: Endpoint | None = None
+        self.decision: Decision | None = None
+        self._request_mode = _FULL_DUPLEX
+        self._response_mode = _NONE
+        self._usage: UsageTracker | None = None
+        self._sampled: bool | None = None  # asked of the usage sampler at request headers, or not yet
+        self._session_header = header_to_read(director.config.affinity)  # "": no header name is empty
+
+    async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
+        """The exchange, guarded: an unexpected exception ends the stream with a 500, never a gRPC error."""
+        inner = self._exchange(requests)
+        try:
+            async for resp in inner:
+                yield resp
+        except Exception as exc:
+            yield self._internal_error(exc)
+        finally:
+            await inner.aclose()
+
+    async def _exchange(
+        self, requests: AsyncIterator[pb.ProcessingRequest]
+    ) -> AsyncGenerator[pb.ProcessingResponse, None]:
+        try:
+            count = self._metrics.count_message
+            async for msg in requests:
+                if msg.HasField("protocol_config"):
+                    self._configure(msg.protocol_config)
+                kind = msg.WhichOneof("request")
+                count(kind)
+                if kind == "request_headers":
+                    out = self.on_request_headers(msg)
+                elif kind == "request_body":
+                    body = msg.request_body
+                    if body.end_of_stream and not self._body_done and self._director.tokenizes_async:
+                        last = body.body
+                        if self._body_bytes + len(last) <= self._director.config.max_request_body_bytes:
+                            chunks = [*self._body, last] if last else self._body
+                            await self._director.prepare(self.ctx,
+                                                         chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                    out = self.on_request_body(body)
+                elif kind == "request_trailers":
+                    out = self.on_request_trailers()
+                elif kind == "response_headers":
+                    out = self.on_response_headers(msg.response_headers, msg)
+                elif kind == "response_body":
+                    out = self.on_response_body(msg.response_body)
+                elif kind == "response_trailers":
+                    out = self.on_response_trailers()
+                else:
+                    continue
+                for resp in out:
+                    yield resp
+                    if resp.HasField("immediate_response"):
+                        return
+        finally:
+            self._reservation.release()
+            self._complete()
+
+    def _configure(self, cfg: pb.ProtocolConfiguration) -> None:
+        """Envoy sends its processing modes once, with the first message of the stream."""
+        self._request_mode = cfg.request_body_mode
+        self._response_mode = cfg.response_body_mode
+
+    # -- request path ------------------------------------------------------------------------
+    def on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if self._headers_seen:  # one request per stream: a repeated headers message changes nothing
+            return []
+        self._headers_seen = True
+        ctx = self.ctx
+        bad_header = ""
+        declared = ""
+        session = self._session_header
+        for h in msg.request_headers.headers.headers:
+            key = h.key
+            if key in _WANTED_HEADERS or key == session:
+                if h.raw_value:
+                    try:
+                        value = h.raw_value.decode()
+                    except UnicodeDecodeError:
+                        bad_header = bad_header or key
+                        continue
+                else:
+                    value = h.value
+                if key == session:  # may also be one of the headers below
+                    ctx.session = value
+                if key == ":path":
+                    ctx.path = value
+                elif key == ":method":
+                    ctx.method = value
+                elif key == "x-request-id":
+                    ctx.request_id = value
+                elif key == "test-epp-endpoint-selection":
+                    ctx.test_selection = value
+                elif key == "content-length":
+                    declared = value
+                elif key == "x-gateway-inference-objective":
+                    ctx.objective = value
+        ctx.subset = subset_hint(msg)
+        if not ctx.request_id:
+            ctx.request_id = self._new_request_id = self._director.new_request_id()
+        if bad_header:
+            self._body_done = True
+            return [self._error(EppError(ErrorCode.BAD_REQUEST, f"header {bad_header} is not valid UTF-8"))]
+        if msg.request_headers.end_of_stream:
+            resp = self._route_bodiless()
+        elif self._request_mode not in _SUPPORTED_BODY_MODES:
+            return [self._refuse_mode()]
+        else:
+            if declared.isascii() and declared.isdigit():
+                refused = self._reserve(int(declared))
+                if refused is not None:
+                    return [refused]
+            if self._request_mode != _BUFFERED:
+                return []  # FULL_DUPLEX_STREAMED: the headers reply waits for the decision
+            resp = R.empty_request_headers()
+        if self._response_mode != _FULL_DUPLEX and not resp.HasField("immediate_response"):
+            # Envoy honours mode_override only in a headers reply and without full-duplex bodies.
+            self._sampled = self._director.usage_sampler.take()
+            # Response headers only when read: to explain, or to learn which of several endpoints served.
+            headers = self._explain or self._director.config.max_endpoints > 1
+            R.override_response_mode(resp, self._request_mode, headers=headers, body=self._sampled)
+        return [resp]
+
+    def _refuse_mode(self) -> pb.ProcessingResponse:
+        self._body_done = True
+        mode = self._request_mode
+        name = mode_pb.ProcessingMode.BodySendMode.Name(mode) if 0 <= mode <= 4 else str(mode)
+        if mode not in _refused_modes_logged:
+            _refused_modes_logged.add(mode)
+            log.error("unsupported ext_proc request_body_mode: configure FULL_DUPLEX_STREAMED or BUFFERED",
+                      extra={"request_body_mode": name})
+        return self._error(EppError(ErrorCode.INTERNAL, f"the endpoint picker does not support the ext_proc "
+                                    f"request_body_mode {name}; use FULL_DUPLEX_STREAMED or BUFFERED"))
+
+    def _reserve(self, total: int) -> pb.ProcessingResponse | None:
+        """Hold `total` buffered bytes (413 above the per-request limit, 429 beyond the global budget)."""
+        limit = self._director.config.max_request_body_bytes
+        if total > limit:
+            return self._refuse_body(EppError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body exceeds {limit} bytes"))
+        if self._reservation.grow_to(total):
+            return None
+        return self._refuse_body(EppError(
+            ErrorCode.RESOURCE_EXHAUSTED, "the endpoint picker is buffering too many request bytes; retry later",
+            retry_after_s=RETRY_AFTER_S))
+
+    def _refuse_body(self, err: EppError) -> pb.ProcessingResponse:
+        self._body_done = True
+        self._body = []
+        self._reservation.release()
+        return self._error(err)
+
+    def on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        if self._body_done:
+            return []
+        if self._request_mode not in _SUPPORTED_BODY_MODES:
+            return [self._refuse_mode()]  # Envoy skipped the headers phase
+        chunk = body.body
+        if chunk:
+            self._body_bytes += len(chunk)
+            refused = self._reserve(self._body_bytes)
+            if refused is not None:
+                return [refused]
+            self._body.append(chunk)
+        if not body.end_of_stream:
+            return []
+        return self._route_body()
+
+    def on_request_trailers(self) -> list[pb.ProcessingResponse]:
+        out = [] if self._body_done else self._route_body()
+        if out and out[-1].HasField("immediate_response"):
+            return out
+        out.append(R.empty_trailers(request=True))
+        return out
+
+    def _route_body(self) -> list[pb.ProcessingResponse]:
+        self._body_done = True
+        chunks, self._body = self._body, []
+        start = time.perf_counter()
+        ctx = self.ctx
+        try:
+            # The joined copy lives only while the director parses it; the echo reuses the chunks.
+            # prepare() may have parsed the body already; then it is not joined again.
+            raw = b"" if ctx.parsed is not None or not chunks else chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            decision = self._director.route(ctx, raw)
+            del raw
+        except EppError as err:
+            self._reservation.release()
+            return [self._error(err)]
+        self._metrics.observe_decision(time.perf_counter() - start)
+        self.decision = decision
+        self._endpoint = decision.primary
+        if self._sampled or self._response_mode == _FULL_DUPLEX:  # else no response body will come
+            self._usage = self._director.track_usage(ctx, decision, sampled=self._sampled)
+        if decision.total_blocks:
+            self._metrics.observe_hit_ratio(decision.matched_blocks / decision.total_blocks)
+        model = ctx.parsed.model if ctx.parsed else ""
+        self._metrics.routed(model, model)
+        if decision.affinity_hit is not None:
+            self._metrics.affinity(ctx.affinity_source, decision.affinity_hit)
+        new_id = self._new_request_id
+        if self._request_mode == _BUFFERED:
+            self._reservation.release()  # nothing to stream back: the body is no longer held
+            return [R.routed_headers(decision.destination, None, new_id, buffered=True)]
+        out = [R.routed_headers(decision.destination, self._body_bytes, new_id, buffered=False)]
+        R.echo_request_body(chunks, out)
+        # The body now lives on in the chunk replies only until they are written.
+        self._reservation.release()
+        return out
+
+    def _route_bodiless(self) -> pb.ProcessingResponse:
+        try:
+            ep = self._director.route_bodiless(self.ctx)
+        except EppError as err:
+            return self._error(err)
+        self._endpoint = ep
+        self._body_done = True
+        self._metrics.routed("", "")
+        return R.routed_headers(ep.key, None, self._new_request_id, buffered=False)
+
+    def _error(self, err: EppError) -> pb.ProcessingResponse:
+        model = self.ctx.parsed.model if self.ctx.parsed else ""
+        self._metrics.error(model, model, err.code.value, err.http_status)
+        log.info("request rejected", extra={"request_id": self.ctx.request_id, "code": err.code.value,
+                                             "status": err.http_status, "reason": err.message})
+        rid = self.ctx.request_id
+        return R.immediate_error(err, rid if len(rid) <= _MAX_ECHOED_ID else "")
+
+    def _internal_error(self, exc: Exception) -> pb.ProcessingResponse:
+        """A fault of the picker itself: one log line with the traceback, without the exception's
+        message (it may quote the prompt), and a 500 that names the request id."""
+        self._reservation.release()
+        self._complete()
+        rid = self.ctx.request_id or self._director.new_request_id()
+        self.ctx.request_id = rid
+        log.error("internal error", extra={"request_id": rid, "exception": type(exc).__name__,
+                                           "traceback": "".join(traceback.format_tb(exc.__traceback__))})
+        err = EppError(ErrorCode.INTERNAL, f"internal error in the endpoint picker (request id {rid})")
+        try:
+            return self._error(err)
+        except Exception:  # the metrics or the logging failed too: still answer
+            return R.immediate_error(err)
+
+    # -- response path -----------------------------------------------------------------------
+    def on_response_headers(self, headers: pb.HttpHeaders,
+                            msg: pb.ProcessingRequest | None = None) -> list[pb.ProcessingResponse]:
+        decision, ep = self.decision, self._endpoint
+        if decision is not None and ep is not None and len(decision.endpoints) > 1:
+            served = served_endpoint(msg, headers)
+            if served:  # a fallback may have served it: move the accounting there
+                self._endpoint = self._director.served_by(decision, ep, served)
+        extra: tuple[tuple[str, str], ...] = ()
+        if self._explain and self.decision is not None:
+            extra = ((EXPLAIN_HEADER, self.decision.explain()),)
+        elif self._explain and self._endpoint is not None:
+            extra = ((EXPLAIN_HEADER, f"endpoint={self._endpoint.key}; bodiless"),)
+        if headers.end_of_stream:
+            self._usage = None
+            self._complete()
+        return [R.response_headers(extra)]
+
+    def on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        usage = self._usage
+        if self._response_mode == _FULL_DUPLEX:
+            data = body.body  # one copy out of the message, shared by the parser and the echo
+            if usage is not None:
+                usage.feed(data)
+            out = R.body_chunks(data, request=False, end_of_stream=body.end_of_stream)
+        else:
+            if usage is not None:
+                usage.feed(body.body)
+            out = [R.empty_response_body()]
+        if body.end_of_stream:
+            if usage is not None:
+                self._usage = None
+                usage.finish()
+            self._complete()
+        return out
+
+    def on_response_trailers(self) -> list[pb.ProcessingResponse]:
+        usage, self._usage = self._usage, None
+        if usage is not None:
+            usage.finish()
+        self._complete()
+        return [R.empty_trailers(request=False)]
+
+    def _complete(self) -> None:
+        ep = self._endpoint
+        if ep is not None:
+            self._endpoint = None
+            self._director.complete(ep, self.decision)
