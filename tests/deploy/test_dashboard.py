@@ -20,7 +20,7 @@ from tests.deploy.helm import REPO_ROOT
 from tests.deploy.objects import CHART
 
 DASHBOARD = CHART / "dashboards" / "prefix-epp.json"
-METRIC_SOURCES = sorted((REPO_ROOT / "extproc" / "metrics").glob("*.py"))
+METRIC_SOURCES = sorted((REPO_ROOT / "extproc" / "telemetry").glob("*.py"))
 # Labels Prometheus adds to every scraped series (kubernetes_sd / ServiceMonitor relabelling).
 TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "container", "endpoint", "le"}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",

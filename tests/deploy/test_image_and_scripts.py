@@ -114,8 +114,8 @@ def test_build_context_is_the_package_only() -> None:
     sent = _context(REPO_ROOT, patterns)
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert "pyproject.toml" in sent and project["readme"] in sent
-    sources = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "extproc").rglob("*.py")
-               if "__pycache__" not in p.parts}
+    sources = {p.relative_to(REPO_ROOT).as_posix() for pkg in ("extproc", "prefix_epp_sim")
+               for p in (REPO_ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts}
     assert sources and sources <= sent
     for excluded in (".venv/", ".cache/", ".git/", "tests/", "charts/", "bench/"):
         assert not any(s.startswith(excluded) for s in sent), excluded

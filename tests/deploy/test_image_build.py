@@ -96,8 +96,8 @@ def test_image_config(image: dict[str, Any]) -> None:
 def test_image_holds_the_current_sources(rootfs: Path) -> None:
     """The installed package is this checkout's (a stale layer cache would hide changes)."""
     [site] = list((rootfs / "opt" / "prefix-epp" / "lib").glob("python3*/site-packages"))
-    sources = sorted(p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "extproc").rglob("*.py")
-                     if "__pycache__" not in p.parts)
+    sources = sorted(p.relative_to(REPO_ROOT) for pkg in ("extproc", "prefix_epp_sim")
+                     for p in (REPO_ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts)
     assert sources
     differing = [str(rel) for rel in sources if (site / rel).read_bytes() != (REPO_ROOT / rel).read_bytes()]
     assert not differing, f"the image holds other versions of {differing[:5]}: run `make image`"
