@@ -11,7 +11,7 @@ Side by side in one run, `--reps` repetitions (3; mean and min-max are reported)
    time over the wall time, i.e. the share of one core the scraping takes (HTTP client, reading,
    parsing, the datastore update), and the scrapes per second it kept.
 3. kv-events: 500 vLLM-like KV-event batches (a 64-block prompt stored per batch, msgpack as
-   `prefix_epp_sim.kv_events` publishes it) decoded (`extproc.kvevents.wire`) and applied to a
+   `prefix_epp_sim.kv_publisher` publishes it) decoded (`extproc.kvevents.wire`) and applied to a
    `PreciseIndex` holding 8,192 blocks for the endpoint, so every batch also evicts: stored
    blocks per second.
 4. tokenizer: `extproc.tokenization.builtin.encode` on 32 KB of English prose (what `--kv-events` does to
@@ -42,7 +42,7 @@ from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.wire import decode_batch
 from extproc.scraping.scraper import MetricsScraper, parse_vllm_metrics
 from extproc.tokenization.builtin import encode
-from prefix_epp_sim.kv_events import encode_batch
+from prefix_epp_sim.kv_publisher import encode_batch
 from prefix_epp_sim.kvcache import BlockStored
 from tests.scraping.vllm_text import exposition
 from tests.support.procs import free_ports, python_module, running, wait_for_port

@@ -38,7 +38,7 @@ from aiohttp import web
 
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.engine import Engine, SimRequest, output_text
-from prefix_epp_sim.kv_events import KVEventPublisher
+from prefix_epp_sim.kv_publisher import KVEventPublisher
 from prefix_epp_sim.kvcache import KVCache, KVEvent
 from prefix_epp_sim.openai_api import (
     SSE_DONE,

@@ -217,7 +217,7 @@ class EppConfig:
     explain_decisions: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)
     # Share of routed requests whose response body the picker asks for (the closed loop of
-    # server/usage.py). A sampled streamed answer costs a round trip per chunk, ~0.07 ms of picker
+    # extproc/control/usage.py). A sampled streamed answer costs a round trip per chunk, ~0.07 ms of picker
     # CPU per token (bench/overhead.py: ~37 ms for 500 tokens against ~2 ms for a request), so 0.2 %
     # adds ~0.07 ms to the average 500-token request and still gives 720 samples an hour at 100 req/s.
     usage_sample_rate: float = 0.002

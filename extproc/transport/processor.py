@@ -30,7 +30,7 @@ ones routed there) sets response trailers SEND, so Envoy keeps the ext_proc stre
 response is complete even where the gateway statically skips trailers (Envoy Gateway); response
 headers SEND only with --explain-decisions or fallbacks (--max-endpoints > 1); the response body
 in STREAMED mode only for the requests the usage sampler picks (the closed loop,
-server/usage.py). Completion (in-flight release) is the response's end: a response body's
+extproc/control/usage.py). Completion (in-flight release) is the response's end: a response body's
 end_of_stream, the response trailers, or else the end of the gRPC stream. Envoy ignores
 `mode_override` in any other reply and whenever its static request or response body mode is
 FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage); then the static mode rules: with

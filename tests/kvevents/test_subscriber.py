@@ -15,7 +15,7 @@ from extproc.kvevents.manager import KVEventsManager
 from extproc.kvevents.subscriber import Loss
 from extproc.tokenization.builtin import encode
 from prefix_epp_sim.config import KVEventsEncoding
-from prefix_epp_sim.kv_events import encode_batch
+from prefix_epp_sim.kv_publisher import encode_batch
 from prefix_epp_sim.kvcache import BlockRemoved, BlockStored
 from prefix_epp_sim.server import Replica
 from tests.kvevents.helpers import (

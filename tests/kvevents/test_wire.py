@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from extproc.kvevents.wire import Cleared, Removed, Stored, WireError, decode_batch, normalize_hash
-from prefix_epp_sim.kv_events import encode_batch
+from prefix_epp_sim.kv_publisher import encode_batch
 from prefix_epp_sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored
 
 EVENTS = [

@@ -13,7 +13,7 @@ import zmq.asyncio
 
 from extproc.tokenization.builtin import encode
 from prefix_epp_sim.config import SimConfig
-from prefix_epp_sim.kv_events import END_OF_REPLAY
+from prefix_epp_sim.kv_publisher import END_OF_REPLAY
 from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
 from prefix_epp_sim.server import Replica, run_replicas
 
