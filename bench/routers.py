@@ -209,7 +209,7 @@ def sglang_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
 
 
 def picker_flags(name: str, replicas_publish_events: bool) -> tuple[str, ...]:
-    """The flags a prefix-epp setup adds to the picker's defaults (the README's setup names them)."""
+    """The flags a prefix-epp setup adds to the picker's defaults (the setup in docs/benchmarks.md names them)."""
     if name == "prefix-epp-precise":
         return PICKER_FLAGS[name]
     return (*PICKER_FLAGS.get(name, ()), *(("--kv-events",) if replicas_publish_events else ()))

@@ -53,7 +53,7 @@ takes about 50 s of load on simulated replicas running in real time (`--time-sca
 is 64 tokens instead of hundreds (decoding is what prefix routing does not change, and every
 streamed token costs CPU on a 2-core machine). The KV cache is scaled with the workload (see
 `kv_cache_blocks`), so cache pressure is what the real benchmark creates: the prefix working
-set fits the pool but not one replica. Rates are calibrated (README, "Benchmark") so the
+set fits the pool but not one replica. Rates are calibrated (docs/benchmarks.md) so the
 round-robin pool is busy (queues form on the replicas) but not collapsed.
 """
 

@@ -19,8 +19,8 @@ Operations:
   that order (the warm-start snapshot, extproc/sync/).
 
 Memory is bounded by sum(capacity) entries; `approx_bytes()` estimates it from the measured cost
-per entry (see README: about 100 bytes per (endpoint, block) entry on CPython 3.11, the
-hash int, a slot in the holders dict and a slot in the endpoint LRU dict).
+per entry (see docs/scheduling.md, "Prefix index": about 100 bytes per (endpoint, block) entry on
+CPython 3.11, the hash int, a slot in the holders dict and a slot in the endpoint LRU dict).
 
 Capacity defaults to the Go EPP's lruCapacityPerServer (31250 blocks of 16 tokens, ~500k tokens)
 and can be tuned per endpoint from the engine's reported `num_gpu_blocks`.

@@ -1,4 +1,4 @@
-"""What the README says about the benchmark's prefix-epp setup is what bench/routers.py runs."""
+"""What docs/benchmarks.md says about the benchmark's prefix-epp setup is what bench/routers.py runs."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from tests.support.procs import REPO_ROOT
 
 
 def _setup_paragraph() -> str:
-    text = (REPO_ROOT / "README.md").read_text()
+    text = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
     start = text.index("**Setup.**")
     return text[start:text.index("\n\n", start)]
 
 
-def test_readme_names_every_flag_the_benchmark_adds_to_the_picker() -> None:
+def test_docs_name_every_flag_the_benchmark_adds_to_the_picker() -> None:
     setup = " ".join(_setup_paragraph().split())
     # The benchmark's replicas publish KV events for the prefix-epp setups (bench/run.py).
     for flag in picker_flags("prefix-epp", replicas_publish_events=True):

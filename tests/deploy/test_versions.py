@@ -1,5 +1,5 @@
 """versions.env is the one place external versions are pinned: the quickstart script, kind
-config, chart, README, docs and the vendored CRDs agree with it; the chart refuses an Envoy
+config, chart, docs and the vendored CRDs agree with it; the chart refuses an Envoy
 Gateway version too old for its values; and validation against the vendored upstream CRDs (and
 their CEL rules) really rejects what the oldest supported release does not know."""
 
@@ -31,7 +31,6 @@ from tests.deploy.versions import VERSIONS, parse, semver
 
 Render = Callable[[str], list[Obj]]
 
-README = (REPO_ROOT / "README.md").read_text()
 DOCS = (REPO_ROOT / "docs" / "kubernetes.md").read_text()
 MANIFESTS_README = (REPO_ROOT / "manifests" / "README.md").read_text()
 SCRIPT = (REPO_ROOT / "scripts" / "kind-up.sh").read_text()
@@ -112,17 +111,17 @@ def test_docs_install_the_pinned_versions(doc: str) -> None:
     assert installs == {VERSIONS.eg} and crds == {VERSIONS.gie}, (installs, crds)
 
 
-def test_readme_supported_versions_table_matches_what_is_validated() -> None:
+def test_supported_versions_table_matches_what_is_validated() -> None:
     rows = {m.group(1): m.group(2, 3, 4) for m in re.finditer(
-        r"^\| (Envoy Gateway|Inference Extension CRDs|kind) \| (\S+) \| (\S+) \| ([^|]+?) \|", README, re.M)}
+        r"^\| (Envoy Gateway|Inference Extension CRDs|kind) \| (\S+) \| (\S+) \| ([^|]+?) \|", DOCS, re.M)}
     eg, gie, kind = rows["Envoy Gateway"], rows["Inference Extension CRDs"], rows["kind"]
     assert (eg[0], eg[1], eg[2]) == (VERSIONS.eg_min, VERSIONS.eg, VERSIONS.eg)
     assert (eg[0], eg[1]) == (vendored("envoy-gateway")[0], vendored("envoy-gateway")[-1])
     assert (gie[0], gie[1], gie[2]) == (VERSIONS.gie_min, VERSIONS.gie, VERSIONS.gie)
     assert (gie[0], gie[1]) == (vendored("inference-extension")[0], vendored("inference-extension")[-1])
     assert kind[0] == VERSIONS.kind_min and VERSIONS.kind_node_image.split("@")[0].split(":")[1] in kind[2]
-    assert f"{VERSIONS.eg_verified_tls_min} for `envoyGateway.pickerTLS.caConfigMap`" in README
-    assert f"llm-d router {VERSIONS.llmd_router}" in README
+    assert f"{VERSIONS.eg_verified_tls_min} for `envoyGateway.pickerTLS.caConfigMap`" in DOCS
+    assert f"llm-d router {VERSIONS.llmd_router}" in DOCS
     assert f"/#installation) {VERSIONS.kind_min} or newer" in DOCS
 
 
