@@ -64,8 +64,8 @@ from typing import Any
 
 import yaml
 
-from extproc.commands.serve import parse_bool
 from extproc.config.settings import EppConfig, ProxyTrafficConfig
+from extproc.config.values import parse_bool
 from extproc.core.datastore import split_host_port
 from extproc.transport.health import EXT_PROC_SERVICE
 from extproc.transport.responses import DESTINATION_HEADER, LB_NAMESPACE, SERVED_HEADER
