@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint typecheck unit image demo bench protos peers clean fuzz soak
+.PHONY: all test lint typecheck unit image demo bench protos peers clean fuzz soak docs-cli
 
 all: test
 
@@ -61,6 +61,11 @@ peers:
 
 protos: $(STAMP)
 	$(PY) protos/generate.py
+
+# The CLI reference, rendered from the flag table (extproc/config/flags.py); tests/config/test_flags.py
+# fails while the committed page differs from it.
+docs-cli: $(STAMP)
+	$(PY) -m extproc.config.flags > docs/cli.md
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -133,7 +133,7 @@ def predict_ttft_ms(engine: Engine, hashes: Sequence[int], prompt_len: int) -> f
 class Clairvoyant:
     """Picks, for each request, the replica with the least predicted TTFT."""
 
-    def __init__(self, replicas: Sequence[Replica], seed: int = 0) -> None:
+    def __init__(self, replicas: Sequence[Replica], seed: int) -> None:
         if not replicas:
             raise ValueError("the clairvoyant front needs at least one replica")
         self.replicas = list(replicas)

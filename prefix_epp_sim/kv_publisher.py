@@ -80,9 +80,9 @@ class KVEventPublisher:
     """Collects one step's events (`add`, the KV cache's sink) and publishes them (`flush`)."""
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, topic: str, *,
-                 encoding: KVEventsEncoding = "array", replay_endpoint: str | None = None,
-                 buffer_steps: int = 10_000, hwm: int = 100_000, connect: bool = False,
-                 data_parallel_rank: int | None = None) -> None:
+                 encoding: KVEventsEncoding, buffer_steps: int, hwm: int, connect: bool,
+                 replay_endpoint: str | None = None, data_parallel_rank: int | None = None) -> None:
+        """`encoding`, `buffer_steps`, `hwm` and `connect`: SimConfig's kv_events_* fields."""
         self.topic = topic
         self.encoding: KVEventsEncoding = encoding
         self.endpoint = endpoint

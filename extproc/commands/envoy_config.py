@@ -64,8 +64,8 @@ from typing import Any
 
 import yaml
 
-from extproc.commands.serve import parse_bool
 from extproc.config.settings import EppConfig, ProxyTrafficConfig
+from extproc.config.values import parse_bool
 from extproc.core.datastore import split_host_port
 from extproc.transport.health import EXT_PROC_SERVICE
 from extproc.transport.responses import DESTINATION_HEADER, LB_NAMESPACE, SERVED_HEADER
@@ -75,7 +75,8 @@ _TYPE = "@type"
 # cleanly) instead of a reset. grpc.aio keeps ~120 bytes of native memory for every stream a
 # client resets, so without this the picker's RSS grows with every request (bench/soak.py).
 GRACEFUL_EXT_PROC_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
-_MAX_BODY = EppConfig().max_request_body_bytes
+_PICKER = EppConfig()  # the picker's defaults, which these must match
+_MAX_BODY = _PICKER.max_request_body_bytes
 
 
 RESPONSE_PROCESSING = ("end", "full-duplex", "none")
@@ -103,9 +104,9 @@ def processing_mode(request_body_mode: str, response_processing: str) -> dict[st
 
 def build_config(
     listen_port: int, epp: str, admin_port: int = 0, *, listen_address: str = "127.0.0.1",
-    epp_tls: bool = True, request_body_mode: str = "BUFFERED",
+    epp_tls: bool = _PICKER.secure_serving, request_body_mode: str = "BUFFERED",
     response_processing: str = "end", max_request_body_bytes: int = _MAX_BODY,
-    failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (), max_endpoints: int = 1,
+    failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (), max_endpoints: int = _PICKER.max_endpoints,
     traffic: ProxyTrafficConfig | None = None,
 ) -> dict[str, Any]:
     traffic = traffic or ProxyTrafficConfig()
@@ -295,9 +296,9 @@ def add_parser(subparsers: Any) -> None:
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--listen-port", type=int, default=8081, help="Envoy listener port")
     p.add_argument("--listen-address", default="127.0.0.1", help="Envoy listener address")
-    p.add_argument("--epp", default="127.0.0.1:9002", help="picker ext_proc address host:port")
+    p.add_argument("--epp", default=f"127.0.0.1:{_PICKER.grpc_port}", help="picker ext_proc address host:port")
     p.add_argument("--admin-port", type=int, default=0, help="Envoy admin port (0: no admin interface)")
-    p.add_argument("--epp-tls", type=parse_bool, nargs="?", const=True, default=True, metavar="BOOL",
+    p.add_argument("--epp-tls", type=parse_bool, nargs="?", const=True, default=_PICKER.secure_serving, metavar="BOOL",
                    help="talk TLS to the picker (match prefix-epp serve --secure-serving)")
     p.add_argument("--request-body-mode", choices=["buffered", "full-duplex-streamed"], default="buffered",
                    help="ext_proc request body mode: buffered (Envoy then honours the picker's per-request "
@@ -312,6 +313,6 @@ def add_parser(subparsers: Any) -> None:
                    help="let requests through unrouted when the picker fails (ORIGINAL_DST then returns 503)")
     p.add_argument("--endpoints", default="",
                    help="static model-server endpoints ip:port,...: route with override_host (fallback lists)")
-    p.add_argument("--max-endpoints", type=int, default=EppConfig().max_endpoints,
+    p.add_argument("--max-endpoints", type=int, default=_PICKER.max_endpoints,
                    help="endpoints the picker returns (its --max-endpoints); >1 adds a retry policy that walks them")
     p.set_defaults(func=run)

@@ -1,9 +1,10 @@
 """Every default of the picker, defined once.
 
 `EppConfig` is the single source of truth: the CLI (`prefix-epp serve`) takes its flag defaults
-from it, the EndpointPickerConfig loader fills parameters from it, and the Helm chart's values are
-tested against it. Names follow the Go EPP of the Gateway API Inference Extension where a knob
-has an equivalent there (`--grpc-port`, `lruCapacityPerServer`, weights 2/2/3, ...).
+from it through the flag table (extproc/config/flags.py), the EndpointPickerConfig loader fills
+parameters from it, and the Helm chart's values are tested against it. Names follow the Go EPP
+of the Gateway API Inference Extension where a knob has an equivalent there (`--grpc-port`,
+`lruCapacityPerServer`, weights 2/2/3, ...).
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """Start-up validation of the whole configuration, after the EndpointPickerConfig is applied.
 
 `check(config)` returns one message per invalid value, each naming the flag (and so the config
-field) it came from, e.g. `--prefix-block-size must be >= 1, got 0` (numbers: `RULES`; the
-`--session-header` name and the cross-field checks: `check` itself); `prefix-epp serve` refuses
-to start with them instead of turning Ready and failing every request.
+field) it came from, e.g. `--prefix-block-size must be >= 1, got 0` (numbers: `RULES`, the flags'
+ranges from the flag table in extproc/config/flags.py and the config-file-only fields beside them
+here; the `--session-header` name and the cross-field checks: `check` itself); `prefix-epp serve`
+refuses to start with them instead of turning Ready and failing every request.
 
 Flags and `--config-file` (`--config-text`), applied consistently:
-- a plugin parameter set in the file wins over the flag with the same meaning, and
+- a plugin parameter set in the file wins over the flag with the same meaning (`PARAMETER_FLAGS`), and
   `overridden(flags, loaded)` lists each flag whose non-default value the file replaced, so
   serve logs one warning per such flag;
-- flags that only shape the built-in profile (`--prefix-weight`, `--inflight-weight`,
-  `--prefix-scorer`) cannot apply when the file defines the scheduling profile: giving them a
+- flags that only shape the built-in profile (`--scheduler`, `--prefix-weight`, `--inflight-weight`,
+  `--prefix-scorer`: `PROFILE_FLAGS`) cannot apply when the file defines the scheduling profile: giving them a
   non-default value together with such a file is an error (`profile_conflicts`).
 """
 
@@ -21,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from extproc.config.flags import FLAGS, value_at
 from extproc.config.settings import EppConfig
 
 # RFC 9110 token, lower case (HTTP/2 and Envoy's ext_proc carry header names in lower case).
@@ -40,7 +42,7 @@ class Rule:
     lo_open: bool = False
 
     def problem(self, cfg: EppConfig) -> str | None:
-        v = _get(cfg, self.path)
+        v = value_at(cfg, self.path)
         ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and (
             v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
         if ok:
@@ -51,65 +53,21 @@ class Rule:
         return f"{self.flag} must be {bound}, got {v!r}"
 
 
-RULES = (
-    Rule("--grpc-port", "grpc_port", 1, 65535),
-    Rule("--grpc-health-port", "grpc_health_port", 1, 65535),
-    Rule("--metrics-port", "metrics_port", 0, 65535),
-    Rule("--max-endpoints", "max_endpoints", 1),
-    Rule("--max-request-body-bytes", "max_request_body_bytes", 1),
-    Rule("--max-buffered-bytes", "max_buffered_bytes", 1),
-    Rule("--usage-sample-rate", "usage_sample_rate", 0, 1),
-    Rule("--workers", "workers", 1, 64),
-    Rule("--sync-port", "sync.port", 0, 65535),
-    Rule("--sync-warm-timeout", "sync.warm_timeout_s", 0),
-    Rule("--drain-timeout", "drain.timeout_s", 0),
-    Rule("--refresh-metrics-interval", "refresh_metrics_interval_s", 0),
-    Rule("--metrics-staleness-threshold", "metrics_staleness_threshold_s", 0, lo_open=True),
-    Rule("--prefix-block-size", "prefix.block_size_bytes", 1),
-    Rule("--prefix-max-blocks", "prefix.max_prefix_blocks", 1),
-    Rule("--prefix-lru-capacity", "prefix.lru_capacity_per_server", 1),
-    Rule("--spill-relative", "spill.relative", 1),
-    Rule("--spill-absolute", "spill.absolute", 0),
-    Rule("--prefix-weight", "weights.prefix", 0),
-    Rule("--inflight-weight", "weights.inflight", 0),
-    Rule("--prefill-ms-per-token", "latency.prefill_ms_per_token", 0, lo_open=True),
-    Rule("--eviction-weight", "latency.eviction_weight", 0),
-    Rule("--affinity-credit", "latency.affinity_credit", 0),
-    Rule("--kv-events-port", "kv_events.port", 1, 65535),
-    Rule("--kv-events-replay-port", "kv_events.replay_port", 0, 65535),
-    Rule("--kv-events-dp-size", "kv_events.dp_size", 1),
-    Rule("--kv-events-block-size", "kv_events.block_size", 1),
-    Rule("--kv-events-index-capacity", "kv_events.index_capacity", 1),
-    Rule("--kv-events-max-blocks", "kv_events.max_blocks", 1),
-    Rule("--kv-events-speculative-ttl", "kv_events.speculative_ttl_s", 0, lo_open=True),
-    Rule("--kv-events-resync-window", "kv_events.resync_window_s", 0),
-    Rule("--kv-events-silence-timeout", "kv_events.silence_timeout_s", 0, lo_open=True),
-    Rule("--kv-events-replay-timeout", "kv_events.replay_timeout_s", 0, lo_open=True),
-    Rule("--tokenizer-timeout", "kv_events.tokenize_timeout_s", 0, lo_open=True),
-    # Only reachable from an EndpointPickerConfig (utilization-detector / saturationDetector).
+# The flags' ranges come from the flag table (extproc/config/flags.py); these fields are only
+# reachable from an EndpointPickerConfig (utilization-detector / saturationDetector).
+CONFIG_FILE_RULES = (
     Rule("saturationDetector.queueDepthThreshold", "saturation.queue_depth_threshold", 0, lo_open=True),
     Rule("saturationDetector.kvCacheUtilThreshold", "saturation.kv_cache_util_threshold", 0, 1, lo_open=True),
     Rule("saturationDetector.metricsStalenessThreshold", "saturation.metrics_staleness_threshold_s", 0,
          lo_open=True),
 )
+RULES = tuple(Rule(f.name, f.path, f.range.lo, f.range.hi, f.range.lo_open)
+              for f in FLAGS if f.path is not None and f.range is not None) + CONFIG_FILE_RULES
 
-_BY_FLAG = {r.flag: r for r in RULES}
 # Flags with a plugin parameter of the same meaning (the file wins): flag -> EppConfig field.
-PARAMETER_FLAGS = {flag: _BY_FLAG[flag].path for flag in (
-    "--prefix-block-size", "--prefix-max-blocks", "--prefix-lru-capacity", "--spill-relative", "--spill-absolute",
-    "--max-endpoints", "--kv-events-block-size", "--kv-events-max-blocks", "--kv-events-index-capacity",
-    "--kv-events-speculative-ttl", "--prefill-ms-per-token", "--eviction-weight", "--affinity-credit")}
-PARAMETER_FLAGS["--new-prefix-placement"] = "latency.new_prefix_placement"
-# Flags that only shape the built-in profile.
-PROFILE_FLAGS = (("--prefix-weight", "weights.prefix"), ("--inflight-weight", "weights.inflight"),
-                 ("--prefix-scorer", "kv_events.prefix_scorer"), ("--scheduler", "scheduler"))
-
-
-def _get(cfg: EppConfig, path: str) -> Any:
-    obj: Any = cfg
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
+PARAMETER_FLAGS = {f.name: f.path for f in FLAGS if f.path is not None and f.parameters}
+# Flags that only shape the built-in profile: (flag, EppConfig field).
+PROFILE_FLAGS = tuple((f.name, f.path) for f in FLAGS if f.path is not None and f.profile_only)
 
 
 def check(config: EppConfig) -> list[str]:
@@ -131,8 +89,8 @@ def overridden(flags: EppConfig, loaded: EppConfig) -> list[tuple[str, Any, Any]
     default = EppConfig()
     out = []
     for flag, path in PARAMETER_FLAGS.items():
-        given, final = _get(flags, path), _get(loaded, path)
-        if given != _get(default, path) and final != given:
+        given, final = value_at(flags, path), value_at(loaded, path)
+        if given != value_at(default, path) and final != given:
             out.append((flag, given, final))
     return out
 
@@ -140,4 +98,5 @@ def overridden(flags: EppConfig, loaded: EppConfig) -> list[tuple[str, Any, Any]
 def profile_conflicts(flags: EppConfig) -> list[str]:
     """Profile-only flags given a non-default value (an error when the config file defines the profile)."""
     default = EppConfig()
-    return [f"{flag} {_get(flags, path)}" for flag, path in PROFILE_FLAGS if _get(flags, path) != _get(default, path)]
+    return [f"{flag} {value_at(flags, path)}" for flag, path in PROFILE_FLAGS
+            if value_at(flags, path) != value_at(default, path)]

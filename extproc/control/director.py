@@ -145,7 +145,7 @@ class Director:
             request_id=ctx.request_id,
             model=parsed.model,
             block_hashes=block_hashes(parsed.segments, parsed.model, parsed.cache_salt,
-                                      pcfg.block_size_bytes, pcfg.max_prefix_blocks),
+                                      block_size=pcfg.block_size_bytes, max_blocks=pcfg.max_prefix_blocks),
             priority=self.priority_of(ctx.objective) if ctx.objective else 0,
             prompt_bytes=sum(map(len, parsed.segments)),
         )

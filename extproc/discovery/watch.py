@@ -36,9 +36,12 @@ from typing import Any
 import orjson
 import urllib3
 
+from extproc.config.settings import DiscoveryConfig
+
 log = logging.getLogger("prefix_epp.discovery")
 
 GONE = 410
+_DEFAULTS = DiscoveryConfig()
 
 
 @dataclass(slots=True)
@@ -87,8 +90,8 @@ class ListWatch:
         on_event: Callable[[str, dict[str, Any]], None],
         *,
         query: Callable[[], dict[str, Any]] = dict,
-        watch_timeout_s: float = 60.0,
-        request_timeout_s: float = 10.0,
+        watch_timeout_s: float = _DEFAULTS.watch_timeout_s,
+        request_timeout_s: float = _DEFAULTS.request_timeout_s,
         backoff: Backoff | None = None,
     ) -> None:
         self.name = name
@@ -99,7 +102,7 @@ class ListWatch:
         self._query = query
         self._watch_timeout = watch_timeout_s
         self._request_timeout = request_timeout_s
-        self._backoff = backoff or Backoff(0.2, 5.0)
+        self._backoff = backoff or Backoff(_DEFAULTS.backoff_initial_s, _DEFAULTS.backoff_max_s)
         self._stop = threading.Event()
         self._relist = threading.Event()
         self._resp: Any = None

@@ -20,8 +20,8 @@ of its slots (max over ranks and the speculative slot). The walk ANDs bitmasks a
 first key nobody holds.
 
 Memory: each confirmed slot holds at most its capacity (`set_capacity`, from the engine's
-`num_gpu_blocks` when scraped, else the default `--kv-events-index-capacity`, 32768); beyond it the
-least recently stored entries go. `BYTES_PER_ENTRY` is measured (tests/kvevents/test_index.py,
+`num_gpu_blocks` when scraped, else `default_capacity`: `--kv-events-index-capacity`, 32768 by
+default); beyond it the least recently stored entries go. `BYTES_PER_ENTRY` is measured (tests/kvevents/test_index.py,
 tracemalloc, CPython 3.11): a key in `_holders`, `entries` and `engine` plus the engine's hash
 int cost 160-230 bytes depending on the dicts' fill; the estimate uses the upper end, i.e. ~7.5 MB
 per endpoint rank at the default capacity.
@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Event, Removed, Stored
 
@@ -66,7 +67,8 @@ class _Speculative(_Slot):
 
 
 class PreciseIndex:
-    def __init__(self, default_capacity: int = 32768, speculative_ttl_s: float = 2.0) -> None:
+    def __init__(self, default_capacity: int,
+                 speculative_ttl_s: float = KVEventsConfig().speculative_ttl_s) -> None:
         if default_capacity <= 0:
             raise ValueError("capacity must be positive")
         self.default_capacity = default_capacity

@@ -3,11 +3,12 @@
 Algorithm:
 - seed = xxh64(model + "\\x00" + cache_salt): requests for different models, LoRA adapters or cache
   salts never share a block, as on the engine.
-- Each segment (see extproc/request/openai.py) is cut into blocks of `block_size` bytes (default 64,
-  ~16 tokens); the segment's last block may be shorter. Blocks never straddle two segments.
+- Each segment (see extproc/request/openai.py) is cut into blocks of `block_size` bytes (`--prefix-block-size`,
+  64 by default: ~16 tokens); the segment's last block may be shorter. Blocks never straddle two segments.
 - h_i = xxh64(block_i, seed=h_{i-1}), h_{-1} = seed. Chaining makes h_i identify the whole prefix
   up to block i, so equal hashes at position i mean equal prefixes.
-- At most `max_blocks` hashes are produced (the rest of a long prompt does not change routing).
+- At most `max_blocks` hashes are produced (`--prefix-max-blocks`; the rest of a long prompt does
+  not change routing).
 
 Affinity hints (extproc/control/affinity.py) hash to xxh64(model \\x00 cache_salt \\x00 "affinity"
 \\x00 key): the same model/salt separation as the seed, in a domain of its own, apart from the prompt's block
@@ -39,9 +40,10 @@ def affinity_hash(model: str, cache_salt: str, key: str) -> int:
 
 
 def block_hashes(
-    segments: Sequence[bytes], model: str, cache_salt: str = "", block_size: int = 64, max_blocks: int = 256
+    segments: Sequence[bytes], model: str, cache_salt: str = "", *, block_size: int, max_blocks: int
 ) -> list[int]:
-    """Chained block hashes of the prompt segments (see module docstring)."""
+    """Chained block hashes of the prompt segments (see module docstring); the caller passes the
+    configured `block_size` and `max_blocks` (PrefixConfig.block_size_bytes, .max_prefix_blocks)."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
     h = prefix_seed(model, cache_salt)

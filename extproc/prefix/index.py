@@ -22,8 +22,9 @@ Memory is bounded by sum(capacity) entries; `approx_bytes()` estimates it from t
 per entry (see docs/scheduling.md, "Prefix index": about 100 bytes per (endpoint, block) entry on
 CPython 3.11, the hash int, a slot in the holders dict and a slot in the endpoint LRU dict).
 
-Capacity defaults to the Go EPP's lruCapacityPerServer (31250 blocks of 16 tokens, ~500k tokens)
-and can be tuned per endpoint from the engine's reported `num_gpu_blocks`.
+Capacity per endpoint is `default_capacity` (`--prefix-lru-capacity`,
+PrefixConfig.lru_capacity_per_server: the Go EPP's lruCapacityPerServer, 31250 blocks of 16 tokens,
+~500k tokens) until it is tuned per endpoint from the engine's reported `num_gpu_blocks`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ BYTES_PER_ENTRY = 100
 
 
 class PrefixIndex:
-    def __init__(self, default_capacity: int = 31250) -> None:
+    def __init__(self, default_capacity: int) -> None:
         if default_capacity <= 0:
             raise ValueError("capacity must be positive")
         self.default_capacity = default_capacity

@@ -38,7 +38,6 @@ filter, scorer or picker at all -> the default profile (extproc/scheduling/build
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import Any
 import yaml
 
 from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
+from extproc.config.values import ConfigError, parse_duration
 from extproc.scheduling.build import FILTERS, PICKERS, SCORERS, Profile
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
@@ -54,10 +54,6 @@ TOP_LEVEL = ("apiVersion", "kind", "featureGates", "plugins", "schedulingProfile
              "dataLayer", "parser")
 FEATURE_GATES = ("dataLayer",)
 ENGINE_LABEL_KEY = "inference.networking.k8s.io/engine-type"
-
-
-class ConfigError(ValueError):
-    """The EndpointPickerConfig is invalid; the message names the offending field."""
 
 
 Apply = Callable[[EppConfig, Any], EppConfig]
@@ -105,26 +101,6 @@ def _path(v: Any, where: str) -> str:
     if not isinstance(v, str) or not v.startswith("/"):
         raise ConfigError(f"{where}: expected a URL path starting with '/', got {v!r}")
     return v
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(v: Any, where: str) -> float:
-    """A Go duration string ("200ms", "1.5s", "1m30s") in seconds, > 0."""
-    if not isinstance(v, str) or not v:
-        raise ConfigError(f"{where}: expected a duration such as '200ms', got {v!r}")
-    pos, total = 0, 0.0
-    while pos < len(v):
-        m = _DURATION_PART.match(v, pos)
-        if m is None:
-            raise ConfigError(f"{where}: expected a duration such as '200ms', got {v!r}")
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if total <= 0:
-        raise ConfigError(f"{where}: the duration must be positive, got {v!r}")
-    return total
 
 
 def _set(section: str, name: str) -> Apply:

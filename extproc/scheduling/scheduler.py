@@ -92,7 +92,7 @@ class Scheduler:
         scorers: Sequence[WeightedScorer],
         picker: Picker,
         index: PrefixIndex | None,
-        max_endpoints: int = 1,
+        max_endpoints: int,
         precise: PreciseSource | None = None,
     ) -> None:
         self.filters = list(filters)

@@ -51,7 +51,8 @@ async def test_flooded_replica_loses_the_prefix_and_only_the_precise_index_knows
             await asyncio.sleep(0.25)  # the decision-time (speculative) entries have expired
             assert sim_blocks(x, prompt) == 0 and sim_blocks(y, prompt) >= 10
             xk, yk = f"127.0.0.1:{x.port}", f"127.0.0.1:{y.port}"
-            hashes = block_hashes(parse_request(Api.COMPLETIONS, body(prompt)).segments, "sim-model")
+            hashes = block_hashes(parse_request(Api.COMPLETIONS, body(prompt)).segments, "sim-model",
+                                  block_size=cfg.prefix.block_size_bytes, max_blocks=cfg.prefix.max_prefix_blocks)
             assert app.index.match(hashes, [xk, yk]) == {xk: len(hashes)}  # approximate: still on x
             assert precise_blocks(m, x, prompt) == 0 and precise_blocks(m, y, prompt) == sim_blocks(y, prompt)
             again = app.director.route(RequestContext(path="/v1/completions"), body(prompt + " and more"))

@@ -7,6 +7,7 @@ import random
 import tracemalloc
 
 from bench.components import kv_event_batches
+from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.index import BYTES_PER_ENTRY, PreciseIndex
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Removed, Stored, decode_batch
@@ -15,6 +16,7 @@ BS = 16
 TOKENS = list(range(1000, 1000 + 6 * BS))
 KEYS = chain_keys(TOKENS, BS, key_seed(None))
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+CAPACITY = KVEventsConfig().index_capacity
 
 
 def stored(hashes: list[int], parent: int | None, tokens: list[int], lora: str | None = None) -> Stored:
@@ -22,7 +24,7 @@ def stored(hashes: list[int], parent: int | None, tokens: list[int], lora: str |
 
 
 def test_engine_hashes_map_to_our_keys_whatever_the_engine_seed() -> None:
-    idx = PreciseIndex()
+    idx = PreciseIndex(CAPACITY)
     # Two engines with different hash seeds store the same tokens, A in two events chained by parent.
     idx.apply((A, 0), stored([101, 102, 103], None, TOKENS[:3 * BS]))
     idx.apply((A, 0), stored([104, 105, 106], 103, TOKENS[3 * BS:]))
@@ -44,7 +46,7 @@ def test_engine_hashes_map_to_our_keys_whatever_the_engine_seed() -> None:
 
 
 def test_data_parallel_ranks_are_kept_apart() -> None:
-    idx = PreciseIndex()
+    idx = PreciseIndex(CAPACITY)
     idx.apply((A, 0), stored([1, 2], None, TOKENS[:2 * BS]))
     idx.apply((A, 1), stored([7, 8, 9, 10], None, TOKENS[:4 * BS]))
     assert idx.match(KEYS, [A], 0.0) == {A: 4}  # the best rank
@@ -55,7 +57,7 @@ def test_data_parallel_ranks_are_kept_apart() -> None:
 
 
 def test_speculative_entries_live_for_the_ttl_and_die_with_a_removal() -> None:
-    idx = PreciseIndex(speculative_ttl_s=2.0)
+    idx = PreciseIndex(CAPACITY, speculative_ttl_s=2.0)
     idx.record_speculative(B, KEYS, now=10.0)
     assert idx.match(KEYS, [A, B], 11.9) == {B: 6} and idx.speculative(B) == 6
     idx.record_speculative(B, KEYS[:2], now=11.0)  # refreshed: the first two now expire at 13.0

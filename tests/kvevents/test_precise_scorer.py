@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from extproc.config.settings import EppConfig, KVEventsConfig
+from extproc.config.settings import EppConfig, KVEventsConfig, PrefixConfig
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec
 from extproc.discovery.static import parse_endpoints
 from extproc.kvevents.manager import source_addresses
@@ -55,7 +55,7 @@ def test_scheduler_fills_the_precise_match_and_records_the_choice() -> None:
     a, b = endpoints(2)
     cfg = replace(EppConfig(seed=1, scheduler="weighted"), kv_events=KVEventsConfig(prefix_scorer="precise"))
     assert default_profile(cfg).scorers[0] == ("precise-prefix-cache-scorer", cfg.weights.prefix)
-    index = PrefixIndex()
+    index = PrefixIndex(PrefixConfig().lru_capacity_per_server)
     index.record(a.key, [1, 2, 3])  # the approximate index believes a holds the prompt
     precise = FakePrecise(set(), {b.key: 3})  # the engines say b holds it, but no event stream is usable yet
     sched = build_scheduler(cfg, index, precise=precise)

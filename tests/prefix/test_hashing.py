@@ -5,47 +5,54 @@ import sys
 
 from extproc.prefix.hashing import affinity_hash, block_hashes
 
+BS, MAX = 64, 256  # block size in bytes, blocks at most
+
+
+def hashes(segments: list[bytes], model: str, cache_salt: str = "", max_blocks: int = MAX) -> list[int]:
+    return block_hashes(segments, model, cache_salt, block_size=BS, max_blocks=max_blocks)
+
 
 def test_blocks_and_cap() -> None:
-    assert len(block_hashes([b"x" * 64], "m")) == 1
-    assert len(block_hashes([b"x" * 65], "m")) == 2
-    assert len(block_hashes([b"x" * 640], "m", max_blocks=4)) == 4
-    assert block_hashes([], "m") == []
+    assert len(hashes([b"x" * 64], "m")) == 1
+    assert len(hashes([b"x" * 65], "m")) == 2
+    assert len(hashes([b"x" * 640], "m", max_blocks=4)) == 4
+    assert hashes([], "m") == []
 
 
 def test_chain_identifies_whole_prefix() -> None:
-    a = block_hashes([b"A" * 64 + b"B" * 64], "m")
-    b = block_hashes([b"C" * 64 + b"B" * 64], "m")
+    a = hashes([b"A" * 64 + b"B" * 64], "m")
+    b = hashes([b"C" * 64 + b"B" * 64], "m")
     assert a[1] != b[1], "equal blocks after different prefixes must hash differently"
-    common = block_hashes([b"A" * 64 + b"B" * 64 + b"tail-1"], "m")
-    other = block_hashes([b"A" * 64 + b"B" * 64 + b"tail-2"], "m")
+    common = hashes([b"A" * 64 + b"B" * 64 + b"tail-1"], "m")
+    other = hashes([b"A" * 64 + b"B" * 64 + b"tail-2"], "m")
     assert common[:2] == other[:2] == a
     assert common[2] != other[2]
 
 
 def test_model_and_salt_scope_hashes() -> None:
-    base = block_hashes([b"x" * 128], "m")
-    assert block_hashes([b"x" * 128], "other") != base
-    assert block_hashes([b"x" * 128], "m", cache_salt="s") != base
-    assert block_hashes([b"x" * 128], "m", cache_salt="") == base
+    base = hashes([b"x" * 128], "m")
+    assert hashes([b"x" * 128], "other") != base
+    assert hashes([b"x" * 128], "m", cache_salt="s") != base
+    assert hashes([b"x" * 128], "m", cache_salt="") == base
 
 
 def test_segments_align_blocks() -> None:
     turn1 = [b"system\x1f" + b"s" * 100, b"user\x1fq1"]
     turn2 = [*turn1, b"assistant\x1fa1", b"user\x1fq2"]
-    h1 = block_hashes(turn1, "m")
-    h2 = block_hashes(turn2, "m")
+    h1 = hashes(turn1, "m")
+    h2 = hashes(turn2, "m")
     assert len(h1) == 3  # 107 bytes -> 2 blocks, plus the short user message
     assert h2[: len(h1)] == h1
     assert len(h2) == 5
 
 
 def test_stable_across_processes() -> None:
-    code = "from extproc.prefix.hashing import block_hashes; print(block_hashes([b'hello world'*20], 'm'))"
+    code = ("from extproc.prefix.hashing import block_hashes; "
+            f"print(block_hashes([b'hello world'*20], 'm', block_size={BS}, max_blocks={MAX}))")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert len(outs) == 1
-    assert outs.pop().strip() == str(block_hashes([b"hello world" * 20], "m"))
+    assert outs.pop().strip() == str(hashes([b"hello world" * 20], "m"))
 
 
 def test_affinity_hash_has_its_own_domain() -> None:
@@ -56,4 +63,4 @@ def test_affinity_hash_has_its_own_domain() -> None:
     assert affinity_hash("m", "", "user-2") != key
     # A key whose text equals a prompt's first block never stands for that block.
     for text in ("user-1", "x" * 64, ""):
-        assert affinity_hash("m", "", text) not in block_hashes([text.encode()], "m")
+        assert affinity_hash("m", "", text) not in hashes([text.encode()], "m")

@@ -7,7 +7,7 @@ from collections import Counter
 
 import orjson
 
-from extproc.config.settings import AffinityConfig, EppConfig
+from extproc.config.settings import AffinityConfig, EppConfig, PrefixConfig
 from extproc.control.director import RequestContext
 from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.prefix.hashing import affinity_hash, block_hashes
@@ -17,6 +17,8 @@ from extproc.scheduling.build import default_scheduler
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.scorers.prefix import PrefixScorer
 
+P = PrefixConfig()
+
 
 def make_ds(n: int) -> Datastore:
     ds = Datastore()
@@ -25,7 +27,8 @@ def make_ds(n: int) -> Datastore:
 
 
 def req(prompt: bytes, key: str | None = None) -> SchedulingRequest:
-    return SchedulingRequest(request_id="r", model="m", block_hashes=block_hashes([prompt], "m"),
+    hashes = block_hashes([prompt], "m", block_size=P.block_size_bytes, max_blocks=P.max_prefix_blocks)
+    return SchedulingRequest(request_id="r", model="m", block_hashes=hashes,
                              affinity_hash=None if key is None else affinity_hash("m", "", key))
 
 
@@ -74,7 +77,7 @@ def test_other_keys_still_match_the_same_prompt_blocks() -> None:
     assert second.affinity_hit is False
     assert second.primary is first.primary and second.matched_blocks == second.total_blocks
     # The keys are their own one-block chains, recorded beside (not before) the prompt's blocks.
-    assert ix.match(block_hashes([prompt], "m"), [first.primary.key]) == {first.primary.key: second.total_blocks}
+    assert ix.match(req(prompt).block_hashes, [first.primary.key]) == {first.primary.key: second.total_blocks}
     for who in ("alice", "bob"):
         assert ix.match([affinity_hash("m", "", who)], [first.primary.key]) == {first.primary.key: 1}
 

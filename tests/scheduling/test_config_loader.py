@@ -11,9 +11,10 @@ import pytest
 from extproc.commands import serve
 from extproc.config.settings import EppConfig, defaults_of
 from extproc.config.validate import overridden
+from extproc.config.values import ConfigError
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler
-from extproc.scheduling.config_loader import ConfigError, load_config, load_text, parse_duration
+from extproc.scheduling.config_loader import load_config, load_text
 
 FULL = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -155,15 +156,6 @@ def test_predicted_ttft_parameters_land_in_latency_and_replace_the_flags() -> No
     assert ("--new-prefix-placement", "churn", "homes") in overridden(flags, cfg)
     with pytest.raises(ConfigError, match="newPrefixPlacement"):
         load_text(text.replace("churn", "nearest"), EppConfig())
-
-
-def test_durations() -> None:
-    assert parse_duration("200ms", "x") == pytest.approx(0.2)
-    assert parse_duration("1m30s", "x") == 90.0
-    assert parse_duration("1.5s", "x") == 1.5
-    for bad in ("", "5", "-1s", "0s", "3 s", "1d"):
-        with pytest.raises(ConfigError):
-            parse_duration(bad, "x")
 
 
 def test_serve_reads_config_file_and_refuses_bad_config_at_startup(tmp_path: Path) -> None:

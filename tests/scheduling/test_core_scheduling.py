@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from extproc.config.settings import EppConfig
+from extproc.config.settings import EppConfig, PrefixConfig
 from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.core.errors import EppError
 from extproc.prefix.hashing import block_hashes
@@ -18,6 +18,8 @@ from extproc.scheduling.scheduler import Scheduler, WeightedScorer
 from extproc.scheduling.scorers.inflight import InflightLoadScorer, min_max_inverse
 from extproc.scheduling.scorers.prefix import PrefixScorer
 
+P = PrefixConfig()
+
 
 def make_ds(n: int) -> Datastore:
     ds = Datastore()
@@ -26,7 +28,8 @@ def make_ds(n: int) -> Datastore:
 
 
 def req(prompt: bytes, rid: str = "r") -> SchedulingRequest:
-    return SchedulingRequest(request_id=rid, model="m", block_hashes=block_hashes([prompt], "m"))
+    hashes = block_hashes([prompt], "m", block_size=P.block_size_bytes, max_blocks=P.max_prefix_blocks)
+    return SchedulingRequest(request_id=rid, model="m", block_hashes=hashes)
 
 
 def test_prefix_scorer_ratio() -> None:
@@ -129,7 +132,7 @@ def test_empty_filter_result_is_an_error() -> None:
         def filter(self, request: SchedulingRequest, endpoints: object) -> list[object]:
             return []
 
-    sched = Scheduler([Nothing()], [], MaxScorePicker(), None)  # type: ignore[list-item]
+    sched = Scheduler([Nothing()], [], MaxScorePicker(), None, max_endpoints=1)  # type: ignore[list-item]
     with pytest.raises(EppError) as info:
         sched.schedule(req(b"x"), make_ds(1).snapshot())
     assert info.value.http_status == 503

@@ -35,7 +35,8 @@ def pool(n: int) -> list[Endpoint]:
 
 def request(text: bytes, rid: str = "r", key: int | None = None) -> SchedulingRequest:
     # 4 bytes per token: len(text) / 4 tokens.
-    return SchedulingRequest(request_id=rid, model="m", block_hashes=block_hashes([text], "m", max_blocks=4096),
+    hashes = block_hashes([text], "m", block_size=PrefixConfig().block_size_bytes, max_blocks=4096)
+    return SchedulingRequest(request_id=rid, model="m", block_hashes=hashes,
                              prompt_bytes=len(text), affinity_hash=key)
 
 
@@ -169,8 +170,8 @@ def test_a_prompt_matched_as_far_as_it_is_hashed_counts_as_cached() -> None:
 
     def long_request(question: bytes, rid: str) -> SchedulingRequest:
         text = doc + question
-        return SchedulingRequest(request_id=rid, model="m", block_hashes=block_hashes([text], "m", max_blocks=8),
-                                 prompt_bytes=len(text))
+        hashes = block_hashes([text], "m", block_size=PrefixConfig().block_size_bytes, max_blocks=8)
+        return SchedulingRequest(request_id=rid, model="m", block_hashes=hashes, prompt_bytes=len(text))
 
     first = s.schedule(long_request(b"q1" * 20, "d1"), [a, b]).primary
     clock.now += 100.0

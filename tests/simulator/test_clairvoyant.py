@@ -124,10 +124,10 @@ def test_a_long_queue_on_the_warm_replica_loses_to_an_idle_cold_one() -> None:
     prompt = system + tokens(500_000, 1200)
     for k in range(6):  # 6 x 7,200 uncached tokens queued ahead on the warm replica
         waiting(warm_r.engine, tokens(1_000_000 + k * 10_000, 7200))
-    assert Clairvoyant([warm_r, cold_r]).choose(generation(prompt)) is cold_r
+    assert Clairvoyant([warm_r, cold_r], seed=0).choose(generation(prompt)) is cold_r
     warm_r.engine.waiting.clear()  # without the queue the cached prefix wins
     waiting(warm_r.engine, tokens(2_000_000, 1000))  # a short queue is worth less than 6,000 cached tokens
-    assert Clairvoyant([cold_r, warm_r]).choose(generation(prompt)) is warm_r
+    assert Clairvoyant([cold_r, warm_r], seed=0).choose(generation(prompt)) is warm_r
 
 
 def test_ties_are_broken_at_random_with_a_seed() -> None:

@@ -26,7 +26,7 @@ from extproc.scheduling.load import endpoint_load
 class SpillFilter:
     name = "hot-spot-spill-filter"
 
-    def __init__(self, relative: float = 1.5, absolute: float = 4.0) -> None:
+    def __init__(self, relative: float, absolute: float) -> None:
         if relative < 1.0 or absolute < 0.0:
             raise ValueError("spill thresholds: relative must be >= 1 and absolute >= 0")
         self.relative = relative

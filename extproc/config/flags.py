@@ -1,0 +1,367 @@
+"""The flag table of `prefix-epp serve`: every flag defined once, as one row of `FLAGS`.
+
+A row (`Flag`) holds the flag's name, the EppConfig field it sets (a dotted path such as
+`kv_events.resync_window_s`), its kind (how its text is parsed: int, float, Go-style bool, Go
+duration, comma list, choice, text), its range for numbers, its `--help` group, metavar and help,
+and what an EndpointPickerConfig does to it: `parameters` names the plugin parameters of the same
+meaning (the file's value wins; serve logs each flag it replaced), `profile_only` marks the flags
+that only shape the built-in profile (an error together with a file that defines the profile).
+A row never holds a default: it is read from `EppConfig()` through the path. The one kind of row
+without a path is a flag the command reads itself (`--log-level`); it carries its own default.
+
+Everything else is derived from the table:
+- `add_arguments(parser)`: the argparse groups and arguments (`prefix-epp serve --help`);
+- `config_from_args(args)`: the EppConfig the parsed flags describe;
+- extproc/config/validate.py: the range rules, `PARAMETER_FLAGS` and `PROFILE_FLAGS`;
+- `render_markdown()`: the CLI reference, docs/cli.md (`python -m extproc.config.flags > docs/cli.md`,
+  or `make docs-cli`; tests/config/test_flags.py fails while the page differs from the table).
+
+A new flag is one row of the flag table, nowhere else: add its field to extproc/config/settings.py
+(with its default), add the row here, and regenerate docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from extproc.config.settings import NEW_PREFIX_PLACEMENTS, SCHEDULERS, EppConfig
+from extproc.config.values import comma_list, duration, format_duration, header_name, parse_bool
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a flag's text becomes its value."""
+
+    name: str  # in the CLI reference
+    parse: Callable[[str], Any]  # argparse `type`
+    value_type: object  # the Python type of the value: the EppConfig field's annotation
+    metavar: str | None = None  # None: argparse's (the destination upper-cased, or the choices)
+    choices: tuple[str, ...] = ()
+    show: Callable[[Any], str] = str  # a value as written on the command line
+
+    @property
+    def numeric(self) -> bool:
+        return self.value_type in (int, float)
+
+
+def _show_bool(value: Any) -> str:
+    return "true" if value else "false"
+
+
+def _show_float(value: Any) -> str:
+    return f"{value:g}"
+
+
+def _show_list(value: Any) -> str:
+    return ",".join(value)
+
+
+INT = Kind("int", int, int)
+FLOAT = Kind("float", float, float, show=_show_float)
+BOOL = Kind("bool", parse_bool, bool, "BOOL", show=_show_bool)  # --flag, --flag=true, --flag=false
+DURATION = Kind("duration", duration, float, "DURATION", show=format_duration)  # 50ms, 2s or seconds
+TEXT = Kind("text", str, str)
+HEADER = Kind("header name", header_name, str, "NAME")  # stripped and lower-cased
+LIST = Kind("comma list", comma_list, tuple[str, ...], show=_show_list)  # items stripped, empties dropped
+
+
+def choice(*options: str) -> Kind:
+    return Kind("choice", str, str, choices=options)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Valid numbers: lo <= v <= hi (lo < v when lo_open); checked at start-up (validate.py)."""
+
+    lo: float
+    hi: float = math.inf
+    lo_open: bool = False
+
+    def describe(self) -> str:
+        if self.hi == math.inf:
+            return f"> {self.lo:g}" if self.lo_open else f">= {self.lo:g}"
+        return f"> {self.lo:g} and <= {self.hi:g}" if self.lo_open else f"{self.lo:g} to {self.hi:g}"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of `prefix-epp serve`."""
+
+    name: str  # --like-this
+    path: str | None  # the dotted EppConfig field it sets; None: read by the command (args.<dest>)
+    kind: Kind
+    group: str  # its --help group and its section of docs/cli.md
+    help: str
+    range: Range | None = None  # numbers only
+    metavar: str | None = None  # else the kind's
+    parameters: tuple[str, ...] = ()  # "plugin-type.parameterName" of the same meaning: the config file wins
+    profile_only: bool = False  # shapes the built-in profile: refused with a file that defines one
+    default: Any = None  # rows without a path only: every other default is EppConfig's
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith("--") or self.name != self.name.lower():
+            raise ValueError(f"{self.name!r}: a flag is written --lower-case")
+        if not self.help.strip():
+            raise ValueError(f"{self.name}: every flag needs help text")
+        if self.path is not None and self.default is not None:
+            raise ValueError(f"{self.name}: the default of a config field is EppConfig's, not the row's")
+        if self.path is None and (self.parameters or self.profile_only or self.range):
+            raise ValueError(f"{self.name}: a flag outside EppConfig has no range and nothing in the config file")
+        if self.range is not None and not self.kind.numeric:
+            raise ValueError(f"{self.name}: only numbers have a range")
+        if self.parameters and self.profile_only:
+            raise ValueError(f"{self.name}: a plugin parameter or profile-only, not both")
+
+    @property
+    def dest(self) -> str:
+        return self.name[2:].replace("-", "_")
+
+    @property
+    def default_value(self) -> Any:
+        return self.default if self.path is None else value_at(EppConfig(), self.path)
+
+
+def value_at(config: Any, path: str) -> Any:
+    """The field at a dotted path: value_at(cfg, "kv_events.port") is cfg.kv_events.port."""
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def with_value(config: Any, path: str, value: Any) -> Any:
+    """A copy of the frozen (nested) dataclass `config` with the field at `path` set to `value`."""
+    head, _, rest = path.partition(".")
+    return replace(config, **{head: with_value(getattr(config, head), rest, value) if rest else value})
+
+
+SERVING = "serving"
+DISCOVERY = "discovery"
+METRICS = "model-server metrics"
+SCHEDULING = "scheduling"
+KV_EVENTS = "precise prefix routing (KV events, extproc/kvevents/)"
+REPLICAS = "replicas, workers and drain (extproc/sync/, extproc/runtime/)"
+LOGGING = "logging"
+PORT = Range(1, 65535)
+PORT_OR_OFF = Range(0, 65535)
+POSITIVE = Range(0, lo_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_1 = Range(1)
+_TTFT = "predicted-ttft-scorer."
+_PRECISE = "precise-prefix-cache-scorer."
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--grpc-port", "grpc_port", INT, SERVING, "ext_proc gRPC port", PORT),
+    Flag("--grpc-health-port", "grpc_health_port", INT, SERVING, "gRPC health port (services liveness, readiness "
+         "and envoy.service.ext_proc.v3.ExternalProcessor)", PORT),
+    Flag("--metrics-port", "metrics_port", INT, SERVING, "Prometheus /metrics port (0: off)", PORT_OR_OFF),
+    Flag("--bind-address", "bind_address", TEXT, SERVING, "address the servers listen on"),
+    Flag("--secure-serving", "secure_serving", BOOL, SERVING,
+         "serve ext_proc over TLS (--secure-serving=false: plaintext)"),
+    Flag("--cert-path", "cert_path", TEXT, SERVING,
+         "directory with tls.crt and tls.key; a self-signed ECDSA certificate when empty"),
+    Flag("--endpoints", "endpoints", LIST, DISCOVERY,
+         "static endpoints ip:port[@tcp://events[@tcp://replay]],... (instead of a pool)"),
+    Flag("--pool-name", "pool_name", TEXT, DISCOVERY, "InferencePool to serve"),
+    Flag("--pool-namespace", "pool_namespace", TEXT, DISCOVERY, "its namespace (else env NAMESPACE, else default)"),
+    Flag("--pool-group", "pool_group", TEXT, DISCOVERY,
+         "InferencePool API group (inference.networking.x-k8s.io reads the v1alpha2 shape)"),
+    Flag("--kubeconfig", "kubeconfig", TEXT, DISCOVERY, "kubeconfig path (in-cluster config if empty)"),
+    Flag("--refresh-metrics-interval", "refresh_metrics_interval_s", DURATION, METRICS,
+         "scrape interval per endpoint, e.g. 50ms or 0.05 (0: no scraping)", NON_NEGATIVE),
+    Flag("--metrics-staleness-threshold", "metrics_staleness_threshold_s", DURATION, METRICS,
+         "older scrapes count as stale: saturated for scorers, left out of the pool gauges", POSITIVE),
+    Flag("--config-file", "config_file", TEXT, SCHEDULING, "EndpointPickerConfig YAML file"),
+    Flag("--config-text", "config_text", TEXT, SCHEDULING, "EndpointPickerConfig YAML text"),
+    Flag("--max-endpoints", "max_endpoints", INT, SCHEDULING,
+         "endpoints returned per request, best first (>1: fallbacks)", AT_LEAST_1,
+         parameters=("max-score-picker.maxNumOfEndpoints",)),
+    Flag("--max-request-body-bytes", "max_request_body_bytes", INT, SCHEDULING,
+         "larger request bodies are refused with 413 (the picker buffers the body)", AT_LEAST_1),
+    Flag("--usage-sample-rate", "usage_sample_rate", FLOAT, SCHEDULING,
+         "share of requests whose response body the picker asks for, to compare predicted and reported "
+         "cached tokens (0..1; needs a gateway that honours mode_override)", Range(0, 1)),
+    Flag("--max-buffered-bytes", "max_buffered_bytes", INT, SCHEDULING,
+         "request-body bytes buffered by all streams together; new requests beyond it get 429 with Retry-After "
+         "(a declared content-length is reserved up front, so admitted requests are never cut off)", AT_LEAST_1),
+    Flag("--explain-decisions", "explain_decisions", BOOL, SCHEDULING,
+         "add an x-prefix-epp-decision response header: the endpoint, matched/total blocks, affinity=hit or miss, "
+         "each scorer's score, each candidate's predicted TTFT"),
+    Flag("--disable-endpoint-subset-filter", "disable_endpoint_subset_filter", BOOL, SCHEDULING,
+         "ignore the proxy's envoy.lb.subset_hint"),
+    Flag("--prefix-block-size", "prefix.block_size_bytes", INT, SCHEDULING,
+         "prefix block size in bytes (~4 bytes per token)", AT_LEAST_1,
+         parameters=("prefix-cache-scorer.blockSizeTokens", "prefix-cache-scorer.blockSize")),
+    Flag("--prefix-max-blocks", "prefix.max_prefix_blocks", INT, SCHEDULING, "blocks of a prompt considered at most",
+         AT_LEAST_1, parameters=("prefix-cache-scorer.maxPrefixBlocksToMatch",)),
+    Flag("--prefix-lru-capacity", "prefix.lru_capacity_per_server", INT, SCHEDULING,
+         "prefix index capacity per endpoint, in blocks", AT_LEAST_1,
+         parameters=("prefix-cache-scorer.lruCapacityPerServer",)),
+    Flag("--scheduler", "scheduler", choice(*SCHEDULERS), SCHEDULING,
+         "built-in profile: least predicted time to first token, or the weighted sum of prefix, queue, KV-cache "
+         "and in-flight scorers behind the hot-spot spill filter", profile_only=True),
+    Flag("--prefill-ms-per-token", "latency.prefill_ms_per_token", FLOAT, SCHEDULING,
+         "predicted-ttft prior: prefill milliseconds per prompt token (learned per endpoint from its TTFT "
+         "histogram)", POSITIVE, parameters=(_TTFT + "prefillMsPerToken",)),
+    Flag("--eviction-weight", "latency.eviction_weight", FLOAT, SCHEDULING,
+         "predicted-ttft: multiple of the prefill time charged for each token of other prefixes a copy evicts "
+         "from a full cache (0: ignore capacity)", NON_NEGATIVE, parameters=(_TTFT + "evictionWeight",)),
+    Flag("--new-prefix-placement", "latency.new_prefix_placement", choice(*NEW_PREFIX_PLACEMENTS), SCHEDULING,
+         "predicted-ttft: on full caches, place a prompt no endpoint holds where fewer prefix families live "
+         "(homes) or where fewer tokens were recently inserted (churn)", parameters=(_TTFT + "newPrefixPlacement",)),
+    Flag("--affinity-credit", "latency.affinity_credit", FLOAT, SCHEDULING,
+         "predicted-ttft: an endpoint that served the request's affinity key is credited with this share of the "
+         "request's uncached prefill time", NON_NEGATIVE, parameters=(_TTFT + "affinityCredit",)),
+    Flag("--ttft-calibration", "latency.calibrate", BOOL, SCHEDULING,
+         "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram"),
+    Flag("--affinity-hints", "affinity.enabled", BOOL, SCHEDULING,
+         "treat requests with the same prompt_cache_key (else the same --session-header value) as sharing a "
+         "prefix; keys are only hashed, never logged"),
+    Flag("--session-header", "affinity.session_header", HEADER, SCHEDULING,
+         "request header whose value is an affinity hint when the body has no prompt_cache_key (lower-cased; "
+         "empty: none)"),
+    Flag("--spill-relative", "spill.relative", FLOAT, SCHEDULING,
+         "hot-spot guard: skip endpoints with load > R * min load + A", AT_LEAST_1,
+         parameters=("hot-spot-spill-filter.relative",)),
+    Flag("--spill-absolute", "spill.absolute", FLOAT, SCHEDULING, "the A of --spill-relative", NON_NEGATIVE,
+         parameters=("hot-spot-spill-filter.absolute",)),
+    Flag("--prefix-weight", "weights.prefix", FLOAT, SCHEDULING, "weight of the prefix scorer (weighted profile)",
+         NON_NEGATIVE, profile_only=True),
+    Flag("--inflight-weight", "weights.inflight", FLOAT, SCHEDULING,
+         "weight of the in-flight scorer (weighted profile)", NON_NEGATIVE, profile_only=True),
+    Flag("--seed", "seed", INT, SCHEDULING, "seed for random tie-breaks (tests)"),
+    Flag("--model-names", "model_names", LIST, SCHEDULING,
+         "comma-separated model names that keep their own metric label (the engines' own model names always do; "
+         "any other name is counted as 'other')"),
+    Flag("--prefix-scorer", "kv_events.prefix_scorer", choice("approximate", "precise"), KV_EVENTS,
+         "prefix scorer of the default profile; precise subscribes to the engines' KV events", profile_only=True),
+    Flag("--kv-events", "kv_events.enabled", BOOL, KV_EVENTS,
+         "subscribe to KV events and compare both scorers' predictions even when the approximate scorer routes"),
+    Flag("--kv-events-port", "kv_events.port", INT, KV_EVENTS, "engine KV-events publisher port on the endpoint's "
+         "host (per endpoint: host:port@tcp://h:p)", PORT),
+    Flag("--kv-events-replay-port", "kv_events.replay_port", INT, KV_EVENTS,
+         "engine replay (ROUTER) port on the same host; 0: no replay, resync instead", PORT_OR_OFF),
+    Flag("--kv-events-dp-size", "kv_events.dp_size", INT, KV_EVENTS,
+         "data-parallel ranks per endpoint; rank r publishes on port + r", AT_LEAST_1),
+    Flag("--kv-events-block-size", "kv_events.block_size", INT, KV_EVENTS,
+         "engine tokens per block until vllm:cache_config_info or an event reports it", AT_LEAST_1,
+         parameters=(_PRECISE + "blockSize",)),
+    Flag("--kv-events-index-capacity", "kv_events.index_capacity", INT, KV_EVENTS,
+         "precise index entries per endpoint rank until num_gpu_blocks is scraped", AT_LEAST_1,
+         parameters=(_PRECISE + "lruCapacityPerServer",)),
+    Flag("--kv-events-max-blocks", "kv_events.max_blocks", INT, KV_EVENTS,
+         "leading token blocks of a prompt looked up at most", AT_LEAST_1,
+         parameters=(_PRECISE + "maxPrefixBlocksToMatch",)),
+    Flag("--kv-events-speculative-ttl", "kv_events.speculative_ttl_s", DURATION, KV_EVENTS,
+         "how long decision-time entries count before events confirm them", POSITIVE,
+         parameters=(_PRECISE + "speculativeTTL",)),
+    Flag("--kv-events-resync-window", "kv_events.resync_window_s", DURATION, KV_EVENTS,
+         "after lost events, fresh events needed this long before precise scoring resumes", NON_NEGATIVE),
+    Flag("--kv-events-silence-timeout", "kv_events.silence_timeout_s", DURATION, KV_EVENTS,
+         "an endpoint routed to without any event for this long is scored approximately", POSITIVE),
+    Flag("--kv-events-replay-timeout", "kv_events.replay_timeout_s", DURATION, KV_EVENTS,
+         "wait per replayed message", POSITIVE),
+    Flag("--tokenizer", "kv_events.tokenizer", TEXT, KV_EVENTS,
+         "builtin (the simulator's), remote (the engine's POST /tokenize) or a tokenizer.json path"),
+    Flag("--tokenizer-timeout", "kv_events.tokenize_timeout_s", DURATION, KV_EVENTS,
+         "timeout of a remote tokenization (then the approximate index scores the request)", POSITIVE),
+    Flag("--sync-port", "sync.port", INT, REPLICAS,
+         "peer-sync gRPC port: share the prefix index with peer replicas (0: off)", PORT_OR_OFF),
+    Flag("--peers", "sync.peers", LIST, REPLICAS,
+         "static peers host:port,... (their --sync-port; this replica may be listed)"),
+    Flag("--peer-selector", "sync.peer_selector", TEXT, REPLICAS,
+         "Kubernetes label selector of this picker's own pods: peers are the ready ones"),
+    Flag("--sync-secret-file", "sync.secret_file", TEXT, REPLICAS,
+         "file with the peers' shared secret (else env PREFIX_EPP_SYNC_SECRET); frames without its HMAC are refused"),
+    Flag("--sync-warm-timeout", "sync.warm_timeout_s", DURATION, REPLICAS,
+         "wait at most this long for a peer's index snapshot before reporting ready", NON_NEGATIVE),
+    Flag("--drain-timeout", "drain.timeout_s", DURATION, REPLICAS,
+         "on SIGTERM, wait this long at most for open streams to end", NON_NEGATIVE),
+    Flag("--workers", "workers", INT, REPLICAS,
+         "picker processes sharing the ext_proc port (SO_REUSEPORT), one core each", Range(1, 64)),
+    # Not a config field: `prefix-epp serve` sets up its logs from args.log_level before anything else.
+    Flag("--log-level", None, choice("debug", "info", "warning", "error"), LOGGING,
+         "JSON logs on stderr at this level; prompt text is never logged", default="info"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One argparse group per table group, in table order; each flag's default is EppConfig's."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag in FLAGS:
+        group = groups.get(flag.group) or groups.setdefault(flag.group, parser.add_argument_group(flag.group))
+        kind, default = flag.kind, flag.default_value
+        options: dict[str, Any] = {"type": kind.parse, "help": flag.help.replace("%", "%%")}
+        # argparse parses a string default as if it were given, so a list keeps its parser's form.
+        options["default"] = kind.show(default) if kind is LIST else default
+        if kind.choices:
+            options["choices"] = kind.choices
+        if kind is BOOL:
+            options.update(nargs="?", const=True)
+        if metavar := flag.metavar or kind.metavar:
+            options["metavar"] = metavar
+        group.add_argument(flag.name, **options)
+
+
+def config_from_args(args: argparse.Namespace) -> EppConfig:
+    """EppConfig() with the field of every row set to its parsed flag (rows without a path are skipped)."""
+    config = EppConfig()
+    for flag in FLAGS:
+        if flag.path is not None:
+            config = with_value(config, flag.path, getattr(args, flag.dest))
+    return config
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _values(flag: Flag) -> str:
+    if flag.kind.choices:
+        return "one of " + ", ".join(f"`{c}`" for c in flag.kind.choices)
+    return flag.kind.name + (f" {flag.range.describe()}" if flag.range else "")
+
+
+def _meaning(flag: Flag) -> str:
+    text = flag.help
+    if flag.parameters:
+        named = " or ".join(f"`{p}`" for p in flag.parameters)
+        text += f". Config file: {named} wins"
+    if flag.profile_only:
+        text += ". Built-in profile only"
+    return _cell(text)
+
+
+def render_markdown() -> str:
+    """The CLI reference (docs/cli.md): one table per group, in table order."""
+    lines = [
+        "<!-- Generated from the flag table (extproc/config/flags.py) by `make docs-cli`, i.e. "
+        "`python -m extproc.config.flags > docs/cli.md`; edit the table, not this page. -->",
+        "# `prefix-epp serve` flags",
+        "",
+        "Flag names and defaults follow the Go EPP where they exist. Every default comes from `EppConfig` "
+        "(extproc/config/settings.py); the ranges are checked at start-up (extproc/config/validate.py), and the "
+        "picker refuses to start with a value outside them.",
+        "",
+        "Values: a bool is Go-style (`--flag`, `--flag=true`, `--flag=false`); a duration is a Go duration or a "
+        "number of seconds (`50ms`, `2s`, `0.05`); a comma list is `a,b,c`.",
+        "",
+        "With `--config-file` (`--config-text`): where a flag says *Config file: `plugin-type.parameter` wins*, "
+        "that parameter of the EndpointPickerConfig, when set, replaces the flag's value (a warning names each "
+        "flag it replaced); a flag marked *Built-in profile only* shapes the built-in scheduling profile, and "
+        "giving it together with a file that defines the profile is an error.",
+    ]
+    for group in dict.fromkeys(flag.group for flag in FLAGS):
+        lines += ["", f"## {group}", "", "| flag | default | meaning | range |", "|---|---|---|---|"]
+        for flag in (f for f in FLAGS if f.group == group):
+            default = flag.default_value
+            shown = "" if default is None or default in ("", ()) else f"`{flag.kind.show(default)}`"
+            lines.append(f"| `{flag.name}` | {shown} | {_meaning(flag)} | {_values(flag)} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")
