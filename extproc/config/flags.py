@@ -216,7 +216,8 @@ FLAGS: tuple[Flag, ...] = (
          "predicted-ttft: an endpoint that served the request's affinity key is credited with this share of the "
          "request's uncached prefill time", NON_NEGATIVE, parameters=(_TTFT + "affinityCredit",)),
     Flag("--ttft-calibration", "latency.calibrate", BOOL, SCHEDULING,
-         "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram"),
+         "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram",
+         parameters=(_TTFT + "calibrate",)),
     Flag("--affinity-hints", "affinity.enabled", BOOL, SCHEDULING,
          "treat requests with the same prompt_cache_key (else the same --session-header value) as sharing a "
          "prefix; keys are only hashed, never logged"),

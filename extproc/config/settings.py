@@ -80,7 +80,7 @@ class LatencyConfig:
     # Copying a prefix onto a replica whose cache is full evicts as many tokens of other prefixes;
     # they are charged at this multiple of their prefill time (0: capacity is ignored). Under
     # pressure an evicted prefix's return evicts another in turn, so one recompute undercounts:
-    # 2 measured best (README, "Capacity").
+    # 2 measured best (docs/scheduling.md, "Capacity").
     eviction_weight: float = 2.0
     # Where a prompt no candidate holds goes on full caches (extproc/scheduling/scorers/
     # predicted_ttft.py, 3.): "homes", where fewer prefix families live, or "churn", where fewer
