@@ -50,8 +50,8 @@ from bench.peers import go_epp
 from extproc.commands.envoy_config import build_config, render
 from extproc.config.settings import EppConfig, KVEventsConfig
 from extproc.core.datastore import EndpointSpec
-from tests.support.envoy import envoy_binary
-from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running
+from testkit.envoy import envoy_binary
+from testkit.procs import Proc, free_ports, prefix_epp, python_module, running
 
 WIRINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {  # name -> (request body, responses, picker flags)
     "default": ("BUFFERED", "end", ()),
@@ -71,7 +71,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1, interval_ms: float = 0.0) -> bytes:
     """A completion request of about `size` prompt bytes; stream, max_tokens and the trivial backend's
-    pause between tokens come first (tests/support/echo_backends.py reads the first 256 bytes)."""
+    pause between tokens come first (testkit/echo_backends.py reads the first 256 bytes)."""
     rng = random.Random(seed)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
     text = ("shared system prompt " * (shared // 21 + 1))[:shared]
@@ -379,7 +379,7 @@ def through_envoy(tmp: Path, quick: bool) -> list[dict[str, Any]]:
     b_ports = free_ports(2)
     backends = [f"127.0.0.1:{p}" for p in b_ports]
     with ExitStack() as stack:
-        stack.enter_context(running(python_module("tests.support.echo_backends", *map(str, b_ports), "--trivial"),
+        stack.enter_context(running(python_module("testkit.echo_backends", *map(str, b_ports), "--trivial"),
                                     tmp / "backends.log", wait_port=b_ports[-1]))
         setups = start_setups(tmp, stack, backends)
         n = 200 if quick else 1000

@@ -52,8 +52,8 @@ from extproc.prefix.index import PrefixIndex
 from extproc.scraping.prom_text import samples
 from extproc.sync.manager import PeerSync
 from extproc.sync.wire import LOAD, SNAPSHOT
-from tests.support.envoy import envoy_binary
-from tests.support.procs import free_ports, prefix_epp, python_module, running, wait_for_port
+from testkit.envoy import envoy_binary
+from testkit.procs import free_ports, prefix_epp, python_module, running, wait_for_port
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = (("1", 1, False), ("2 synced", 2, True), ("4 synced", 4, True), ("2 unsynced", 2, False))
@@ -211,7 +211,7 @@ async def worker_once(s: aiohttp.ClientSession, url: str, body: bytes) -> int:
 def workers_run(tmp: Path, workers: int, total: int) -> dict[str, Any]:
     tmp.mkdir(parents=True, exist_ok=True)
     ports = free_ports(3)
-    args = python_module("tests.support.echo_backends", *map(str, ports), "--trivial")
+    args = python_module("testkit.echo_backends", *map(str, ports), "--trivial")
     with running(args, tmp / "backends.log", wait_port=ports[-1]):
         backends = [f"127.0.0.1:{p}" for p in ports]
         with pickers(tmp, backends, 1, False, ("--workers", str(workers))) as procs, \

@@ -1,7 +1,7 @@
 """Start and stop the simulated replicas and each router setup the benchmark compares.
 
 Everything listens on 127.0.0.1 and runs as a child process in its own process group
-(`tests.support.procs.running`): leaving a `with` block, an exception or Ctrl-C stops it (TERM,
+(`testkit.procs.running`): leaving a `with` block, an exception or Ctrl-C stops it (TERM,
 then KILL). Setups, all in front of the same replicas:
 
 - `random`, `round-robin`, `least-request`: Envoy alone, lb_policy RANDOM / ROUND_ROBIN /
@@ -49,8 +49,8 @@ from bench.oracle import BLOCK_SIZE
 from bench.overhead import plain_envoy_config
 from bench.peers import go_epp
 from extproc.commands.envoy_config import build_config, render
-from tests.support.envoy import envoy_binary
-from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
+from testkit.envoy import envoy_binary
+from testkit.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 
 ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
 ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-weighted", "prefix-epp-precise", "go-epp", "sglang-router",

@@ -4,7 +4,7 @@ The picker is the binary `bench/peers/build.sh gie-epp` builds (cached outside t
 It has no static or file discovery: it reads its InferencePool and the pool's Pods from a
 Kubernetes API. So a setup here is:
 
-1. a real etcd + kube-apiserver on 127.0.0.1 (`tests.support.kubeapi.RealKube`), with the
+1. a real etcd + kube-apiserver on 127.0.0.1 (`testkit.kubeapi.RealKube`), with the
    upstream v1.5.0 CRDs (InferencePool, InferenceObjective, InferenceModelRewrite) installed;
 2. an InferencePool `bench` whose `targetPorts` are the replicas' ports, and one Pod per replica
    (podIP 127.0.0.1, Ready), each carrying the `inference.networking.k8s.io/active-ports`
@@ -43,8 +43,8 @@ import grpc
 from extproc.commands.envoy_config import build_config
 from extproc.core.datastore import split_host_port
 from extproc.pb import health_pb2, health_pb2_grpc
-from tests.support.kubeapi import RealKube, built
-from tests.support.procs import Proc, free_ports, running, wait_for_port
+from testkit.kubeapi import RealKube, built
+from testkit.procs import Proc, free_ports, running, wait_for_port
 
 POOL = "bench"
 NAMESPACE = "default"

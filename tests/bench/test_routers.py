@@ -9,7 +9,7 @@ import pytest
 
 from bench.routers import KV_EVENT_ROUTERS, ROUTERS, picker_flags, picker_setup, start
 from bench.run import RouterSpec
-from tests.support.procs import REPO_ROOT
+from testkit.procs import REPO_ROOT
 
 
 def _setup_paragraph() -> str:

@@ -1,4 +1,4 @@
-"""Small HTTP backends for end-to-end tests: `python -m tests.support.echo_backends PORT [PORT ...]`.
+"""Small HTTP backends for end-to-end tests: `python -m testkit.echo_backends PORT [PORT ...]`.
 
 Each answers every request with JSON naming itself (`served_by`), the method, path, body length,
 body sha256 and the request headers it received, plus the `x-served-by` header. GET /health is 200.

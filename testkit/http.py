@@ -1,4 +1,4 @@
-"""HTTP helpers for end-to-end tests (aiohttp against Envoy's listener)."""
+"""HTTP helpers for end-to-end tests: aiohttp requests against Envoy's listener, OpenAI-style bodies."""
 
 from __future__ import annotations
 

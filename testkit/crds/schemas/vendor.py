@@ -1,7 +1,7 @@
-"""Regenerate the vendored upstream CRDs of tests/deploy/crds/ from local clones of the upstream
+"""Regenerate the vendored upstream CRDs of testkit/crds/schemas/ from local clones of the upstream
 repositories (read with `git show <tag>:<path>`, nothing is downloaded):
 
-    .venv/bin/python -m tests.deploy.crds.vendor \\
+    .venv/bin/python -m testkit.crds.schemas.vendor \\
         --envoy-gateway ~/src/envoyproxy/gateway \\
         --inference-extension ~/src/kubernetes-sigs/gateway-api-inference-extension
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.deploy.versions import VERSIONS
+from testkit.versions import VERSIONS
 
 HERE = Path(__file__).parent
 
@@ -41,7 +41,7 @@ GATEWAY_API_CRDS = ("gatewayclasses.gateway.networking.k8s.io", "gateways.gatewa
 
 @dataclass(frozen=True)
 class Source:
-    project: str  # directory under tests/deploy/crds/
+    project: str  # directory under testkit/crds/schemas/
     repo: str
     version: str
     path: str
@@ -100,7 +100,7 @@ def main() -> None:
             records.append({"file": target.relative_to(HERE).as_posix(), "repository": src.repo,
                             "tag": src.version, "commit": commit, "path": src.path,
                             "sha256": hashlib.sha256(doc.encode()).hexdigest()})
-    header = ("# Upstream CRDs vendored by tests/deploy/crds/vendor.py (see its docstring).\n"
+    header = ("# Upstream CRDs vendored by testkit/crds/schemas/vendor.py (see its docstring).\n"
               "# sha256: of the uncompressed CRD document, as it appears in the upstream file at that tag.\n")
     (HERE / "SOURCES.yaml").write_text(header + yaml.safe_dump({"crds": records}, sort_keys=False))
 

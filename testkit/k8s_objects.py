@@ -4,7 +4,7 @@ and schema validation.
 Validation (`validate`): built-in kinds against the Kubernetes OpenAPI schemas bundled with
 kubernetes-validate (strict: unknown fields are errors), for every version in `K8S_VERSIONS`;
 custom resources (InferencePool, Gateway API and Envoy Gateway kinds) against the upstream CRDs
-vendored under tests/deploy/crds/ (tests/deploy/crd_validation.py), including their offline-
+vendored under testkit/crds/schemas/ (testkit/crd_validation.py), including their offline-
 evaluable CEL rules, for the oldest and newest supported release of each project
 (versions.env). An object of any other kind fails: a new kind needs a CRD before it ships.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 
-from tests.deploy import crd_validation
-from tests.deploy.helm import REPO_ROOT
-from tests.deploy.versions import VERSIONS, semver
+from testkit import crd_validation
+from testkit.helm import REPO_ROOT
+from testkit.versions import VERSIONS, semver
 
 Obj = dict[str, Any]
 
@@ -66,7 +66,7 @@ VALUE_SETS: dict[str, Obj] = {
     "eg-oldest-supported": {"envoyGateway": {"enabled": True, "version": "v1.5.0"}},
 }
 
-# Custom resources are validated against the vendored upstream CRDs (tests/deploy/crds/) of the
+# Custom resources are validated against the vendored upstream CRDs (testkit/crds/schemas/) of the
 # project that defines their API group, for every vendored release from the oldest that supports
 # the object (versions.env) to the newest tested.
 CRD_PROJECTS: dict[str, str] = {
@@ -140,7 +140,7 @@ def validate(obj: Obj, cel: crd_validation.CelReport | None = None) -> None:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.SchemaNotFoundError as exc:
-            raise AssertionError(f"{ident}: no schema for {key} (vendor its CRD under tests/deploy/crds/)") from exc
+            raise AssertionError(f"{ident}: no schema for {key} (vendor its CRD under testkit/crds/schemas/)") from exc
         except kubernetes_validate.ValidationError as exc:
             path = ".".join(str(p) for p in exc.path)
             raise AssertionError(f"{ident} against Kubernetes {version}: {path}: {exc.message}") from exc

@@ -1,11 +1,11 @@
-"""Model-server stubs with a vLLM /metrics page: `python -m tests.scraping.metrics_server PORT ...`.
+"""Model-server stubs with a vLLM /metrics page: `python -m testkit.vllm_stubs PORT ...`.
 
 Each port serves:
-- `GET /metrics`: a ~125 KB vLLM exposition (tests/scraping/vllm_text.py) with the port's current
+- `GET /metrics`: a ~125 KB vLLM exposition (testkit/vllm_text.py) with the port's current
   waiting/running/KV values (regenerated only when they change);
 - `POST /control` with JSON `{"waiting": w, "running": r, "kv": k}`: sets those values;
 - anything else: `{"served_by": "127.0.0.1:PORT"}` with the `x-served-by` header, like
-  tests/support/echo_backends.py.
+  testkit/echo_backends.py.
 Used to measure the scraper's CPU cost in another process, and as load-reporting backends in
 end-to-end tests.
 """
@@ -19,7 +19,7 @@ import sys
 import orjson
 from aiohttp import web
 
-from tests.scraping.vllm_text import exposition
+from testkit.vllm_text import exposition
 
 
 def make_app(name: str) -> web.Application:

@@ -1,7 +1,7 @@
 """manifests/base/prefix-epp.yaml: the chart rendered with manifests/values-kind.yaml, for `kubectl apply`.
 
-    .venv/bin/python -m tests.deploy.render_manifests     # rewrite the file
-    .venv/bin/python -m tests.deploy.render_manifests --check
+    .venv/bin/python -m testkit.render_manifests     # rewrite the file
+    .venv/bin/python -m testkit.render_manifests --check
 
 The file is generated so the kubectl rollout and the Helm chart cannot drift apart;
 tests/deploy/test_manifests.py fails when it differs from a fresh render. Helm-only labels
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import yaml
 
-from tests.deploy.helm import Helm, ensure_layer_tools
-from tests.deploy.objects import CHART, MANIFESTS, NAMESPACE, RELEASE, Obj
+from testkit.helm import Helm, ensure_layer_tools
+from testkit.k8s_objects import CHART, MANIFESTS, NAMESPACE, RELEASE, Obj
 
 OUTPUT = MANIFESTS / "base" / "prefix-epp.yaml"
 VALUES = MANIFESTS / "values-kind.yaml"
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 HEADER = """\
 # Generated from charts/prefix-epp with manifests/values-kind.yaml; do not edit by hand.
-# Regenerate: .venv/bin/python -m tests.deploy.render_manifests
+# Regenerate: .venv/bin/python -m testkit.render_manifests
 # Needs the InferencePool CRDs and Envoy Gateway first (manifests/README.md).
 """
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = OUTPUT.read_text() if OUTPUT.exists() else ""
         if current != text:
-            print(f"{OUTPUT} is out of date; run: .venv/bin/python -m tests.deploy.render_manifests")
+            print(f"{OUTPUT} is out of date; run: .venv/bin/python -m testkit.render_manifests")
             return 1
         return 0
     OUTPUT.write_text(text)

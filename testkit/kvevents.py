@@ -1,9 +1,22 @@
-"""Shared pieces for the KV-events tests: simulated replicas publishing events, a running manager."""
+"""KV events for tests and benchmarks: simulated replicas publishing them, a running manager, batches.
+
+- `events_stack(n, ...)`: `n` simulated replicas (`prefix_epp_sim.server.run_replicas`, the cache
+  `SIM`: 40 blocks of 16 tokens, so the fourth distinct prompt of `PROMPTS` evicts) publishing KV
+  events, and a `KVEventsManager` (intervals `FAST`) subscribed to them; yields `Events`.
+- `spec_for(replica)`: the replica as an endpoint with its events (and replay) address;
+  `post`/`complete`: requests sent to a replica directly, past any picker.
+- `sim_blocks` / `precise_blocks`: leading blocks of a prompt the simulator's cache holds, and
+  what the precise index says it holds; `agrees` waits until they match for every prompt,
+  `subscribed` until every publisher has a subscriber, `wait_for` until any predicate holds.
+- `kv_event_batches(n)`: `n` vLLM-like event batches as the simulator publishes them, one
+  `blocks`-block prompt stored in each (the index tests and `bench.components`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
@@ -17,7 +30,8 @@ from extproc.kvevents.manager import KVEventsManager
 from extproc.kvevents.subscriber import Loss
 from extproc.tokenization.builtin import encode
 from prefix_epp_sim.config import SimConfig
-from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
+from prefix_epp_sim.kv_events import encode_batch
+from prefix_epp_sim.kvcache import BlockStored, block_hash_seed, hash_blocks
 from prefix_epp_sim.server import Replica, run_replicas
 
 # 40 blocks of 16 tokens; a PROMPTS[i] request needs about 13 blocks, so the fourth distinct one evicts.
@@ -106,3 +120,14 @@ async def events_stack(n: int = 1, *, sim: SimConfig = SIM, config: KVEventsConf
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def kv_event_batches(batches: int, blocks: int = 64, block_size: int = 16, seed: int = 2) -> list[bytes]:
+    """vLLM-like KV-event batches as the simulator publishes them: one `blocks`-block prompt stored in each."""
+    rng = random.Random(seed)
+    payloads = []
+    for _ in range(batches):
+        hashes = [rng.getrandbits(64) for _ in range(blocks)]
+        tokens = [rng.randrange(128_000) for _ in range(blocks * block_size)]
+        payloads.append(encode_batch([BlockStored(hashes, None, tokens, block_size)], "array", 0.0))
+    return payloads

@@ -42,10 +42,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from tests.support.procs import REPO_ROOT, Proc, free_ports, wait_for_port
+from testkit.procs import REPO_ROOT, Proc, free_ports, wait_for_port
 
 BUILD_SCRIPT = REPO_ROOT / "bench" / "peers" / "build.sh"
-CRD_DIR = REPO_ROOT / "tests" / "support" / "crds" / "gie-v1.5.0"
+CRD_DIR = Path(__file__).parent / "crds" / "apiserver" / "gie-v1.5.0"
 ADMIN_TOKEN_USER = "admin"
 
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.deploy.helm import REPO_ROOT
+from testkit.helm import REPO_ROOT
 
 PATH = REPO_ROOT / "versions.env"
 _LINE = re.compile(r"^([A-Z][A-Z0-9_]*)=(\S+)$")

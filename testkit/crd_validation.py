@@ -1,7 +1,7 @@
-"""Validate custom resources against the vendored upstream CRDs (tests/deploy/crds/), the way the
+"""Validate custom resources against the vendored upstream CRDs (testkit/crds/schemas/), the way the
 API server of a cluster with those CRDs installed would, as far as that can be done offline.
 
-Per (project, version) of tests/deploy/crds/SOURCES.yaml, every served version of every CRD is
+Per (project, version) of testkit/crds/schemas/SOURCES.yaml, every served version of every CRD is
 turned into a JSON schema (`to_json_schema`):
 - an object schema with `properties` and neither `additionalProperties` nor
   `x-kubernetes-preserve-unknown-fields` gets `additionalProperties: false`: kubectl's default
@@ -35,7 +35,7 @@ import celpy.evaluation
 import jsonschema  # type: ignore[import-untyped]
 import yaml
 
-CRDS = Path(__file__).parent / "crds"
+CRDS = Path(__file__).parent / "crds" / "schemas"
 
 Obj = dict[str, Any]
 

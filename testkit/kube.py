@@ -31,7 +31,7 @@ import kmock
 import orjson
 import urllib3
 
-from tests.support.procs import free_port
+from testkit.procs import free_port
 
 T = TypeVar("T")
 POOL_V1 = ("inference.networking.k8s.io", "v1", "inferencepools")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from extproc.commands.envoy_config import build_config, render
-from tests.support.procs import VENV_BIN, Proc, free_port, running
+from testkit.procs import VENV_BIN, Proc, free_port, running
 
 
 def envoy_binary() -> str:
