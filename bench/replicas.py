@@ -5,10 +5,10 @@
 
 Parts (every figure side by side in one run, `--reps` repetitions (3), configurations interleaved
 within each repetition, so a busy machine hits them alike):
-1. hit-rate: 4 simulated replicas (`bench.routers.sim_replicas`, KV cache sized as in `bench.run`)
+1. hit-rate: 4 simulated replicas (`bench.lib.routers.sim_replicas`, KV cache sized as in `bench.run`)
    behind real Envoy whose ext_proc cluster holds 1, 2 or 4 pickers (LEAST_REQUEST over the
    healthy ones): "1", "2 synced", "4 synced" (--sync-port/--peers) and "2 unsynced". Workloads
-   `shared-prefix` and `multi-turn` (`bench.workloads`, --quick sizes, seeds = repetition),
+   `shared-prefix` and `multi-turn` (`bench.lib.workloads`, --quick sizes, seeds = repetition),
    replayed `--time-scale` (3) times faster than real time. Hit rate = cached / prompt tokens
    reported by the engines. The same runs give the sync bandwidth: bytes the pickers sent to
    their peers per routed request, times 1,000 (= bytes/s per peer link at 1,000 req/s).
@@ -40,12 +40,12 @@ from typing import Any
 
 import aiohttp
 
-from bench import client
-from bench.metrics import hit_rate
-from bench.oracle import workload_oracle
-from bench.routers import sim_replicas
-from bench.run import sim_settings
-from bench.workloads import build
+from bench.lib import client
+from bench.lib.oracle import workload_oracle
+from bench.lib.routers import sim_replicas
+from bench.lib.runner import sim_settings
+from bench.lib.stats import hit_rate
+from bench.lib.workloads import build
 from extproc.commands.envoy_config import build_config, render
 from extproc.config.settings import EppConfig, SyncConfig
 from extproc.prefix.index import PrefixIndex

@@ -11,7 +11,7 @@ at finish) become seen. No router can beat this with these caches; `hit_rate / o
 as the fraction of the possible.
 
 The same pass yields the workload's prefix working set: the distinct blocks that some later
-request hits (what `bench.workloads.kv_cache_blocks` sizes the caches from).
+request hits (what `bench.lib.workloads.kv_cache_blocks` sizes the caches from).
 
 Chat answers are the simulator's deterministic output (`prefix_epp_sim.engine.output_text`), which
 is what the load generator puts into the history of the next turn.
@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bench.workloads import MODEL, Workload, body
+from bench.lib.workloads import MODEL, Workload, body
 from extproc.tokenization.builtin import encode, render_chat
 from prefix_epp_sim.engine import output_text, output_token_ids
 from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
 
-BLOCK_SIZE = 16  # tokens per KV block of the bench's simulated replicas (bench.routers.SimSettings)
+BLOCK_SIZE = 16  # tokens per KV block of the bench's simulated replicas (bench.lib.routers.SimSettings)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The benchmark's arithmetic: pure functions from measured requests to the reported figures.
 
-- `percentile(values, q)`: nearest rank (`bench.overhead.percentile`), q in percent.
+- `percentile(values, q)`: nearest rank, q in percent (NaN for no values).
 - `hit_rate`: cached prompt tokens / prompt tokens over the successful requests, as the
   replicas reported them in `usage`.
 - `histogram_quantile(q, buckets)`: Prometheus' estimate from cumulative buckets: find the
@@ -16,32 +16,35 @@
   (`..._predicted_within_one_block_total / ..._predictions_total`) and the mean absolute error in
   tokens (`..._prediction_error_tokens_sum / _count`).
 - `summarize`: one router on one workload -> the row of the results table.
-- `evaluate_targets`: the benchmark goals, checked against the summaries (see TARGETS; `bench.run`
-  passes the means over the repetitions).
-- `relative_to`: every router's hit rate and TTFT p99 as a fraction of the clairvoyant reference's.
+
+The goals checked against those rows live in `bench.lib.targets`.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.client import RequestResult
-from bench.overhead import percentile
+from bench.lib.client import RequestResult
 from extproc.scraping.prom_text import samples
 from prefix_epp_sim.config import SimConfig
-
-__all__ = ["Target", "evaluate_targets", "histogram_quantile", "hit_rate", "parse_histogram", "percentile",
-           "prediction_accuracy", "prefill_work_s", "relative_to", "replica_load", "summarize"]
 
 DECISION_HISTOGRAM = "inference_extension_scheduler_e2e_duration_seconds"
 PREDICTIONS = "prefix_epp_cached_tokens_predictions_total"
 PREDICTED_WITHIN = "prefix_epp_cached_tokens_predicted_within_one_block_total"
 PREDICTION_ERROR = "prefix_epp_cached_tokens_prediction_error_tokens"
 PREFILL_S_PER_TOKEN = SimConfig().prefill_time_per_token / 1000
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
 
 
 def hit_rate(results: Iterable[RequestResult]) -> float:
@@ -166,100 +169,3 @@ def summarize(results: Sequence[RequestResult], wall_s: float, replicas: Sequenc
         if accuracy:
             row["prediction"] = accuracy
     return row
-
-
-@dataclass(frozen=True)
-class Target:
-    workload: str
-    goal: str
-    value: float
-    bound: float
-    met: bool
-
-    @property
-    def miss(self) -> str:
-        """By how much the goal was missed, relative to its bound ('' when met)."""
-        if self.met or not self.bound:
-            return ""
-        return f"{abs(self.value - self.bound) / self.bound:.0%}"
-
-
-# Workloads where requests share prefixes (every one but no-reuse): hit rate goal against the oracle.
-REUSE_WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "cache-pressure", "mixed-length", "bursts")
-# (workload, goal text, metric of the candidate, comparison, bound from: oracle | constant | another router,
-# factor). Checked on the means over the repetitions; the candidate is prefix-epp (default scheduler).
-TARGETS: tuple[tuple[str, str, str, str, str, float], ...] = (
-    ("hot-prefix", "TTFT p99 <= 0.8x sglang-router", "ttft_ms.p99", "<=", "sglang-router", 0.8),
-    ("bursts", "TTFT p99 <= 0.8x sglang-router", "ttft_ms.p99", "<=", "sglang-router", 0.8),
-    ("shared-prefix", "TTFT p99 <= sglang-router", "ttft_ms.p99", "<=", "sglang-router", 1.0),
-    ("multi-turn", "TTFT p99 <= sglang-router", "ttft_ms.p99", "<=", "sglang-router", 1.0),
-    ("cache-pressure", "hit rate >= sglang-router", "hit_rate", ">=", "sglang-router", 1.0),
-    ("cache-pressure", "TTFT p90 <= sglang-router", "ttft_ms.p90", "<=", "sglang-router", 1.0),
-    ("mixed-length", "TTFT p99 < prefix-epp-weighted", "ttft_ms.p99", "<", "prefix-epp-weighted", 1.0),
-    *((w, "hit rate >= 95% of oracle", "hit_rate", ">=", "oracle", 0.95) for w in REUSE_WORKLOADS),
-)
-# The same, for the precise scorer (candidate prefix-epp-precise, reference the approximate prefix-epp).
-PRECISE_TARGETS: tuple[tuple[str, str, str, str, str, float], ...] = (
-    ("cache-pressure", "TTFT p90 <= 1/2 of prefix-epp", "ttft_ms.p90", "<=", "prefix-epp", 0.5),
-    ("cache-pressure", "precise within one block >= 95%", "prediction.precise.within_one_block", ">=",
-     "constant", 0.95),
-    ("shared-prefix", "precise within one block >= 95%", "prediction.precise.within_one_block", ">=",
-     "constant", 0.95),
-)
-
-
-def _get(row: Mapping[str, Any], path: str) -> float:
-    value: Any = row
-    for key in path.split("."):
-        value = value[key]
-    return float(value)
-
-
-def relative_to(summaries: Mapping[str, Mapping[str, Mapping[str, Any]]],
-                reference: str = "clairvoyant") -> dict[str, dict[str, dict[str, float]]]:
-    """[workload][router] -> hit rate and TTFT p99 as a fraction of `reference`'s (workloads it ran)."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for workload, rows in summaries.items():
-        ref = rows.get(reference)
-        if ref is None:
-            continue
-        for router, r in rows.items():
-            hit = r["hit_rate"] / ref["hit_rate"] if ref["hit_rate"] else math.nan
-            p99 = r["ttft_ms"]["p99"] / ref["ttft_ms"]["p99"] if ref["ttft_ms"]["p99"] else math.nan
-            out.setdefault(workload, {})[router] = {"hit_rate": hit, "ttft_p99": p99}
-    return out
-
-
-def evaluate_targets(summaries: Mapping[str, Mapping[str, Mapping[str, Any]]], oracle: Mapping[str, float],
-                     candidate: str = "prefix-epp") -> list[Target]:
-    """Check TARGETS for `candidate`; summaries[workload][router] are `summarize` rows.
-
-    A goal whose workload, candidate or reference router was not run is left out. Candidates
-    named prefix-epp-precise... are checked against PRECISE_TARGETS instead.
-    """
-    out: list[Target] = []
-    goals = PRECISE_TARGETS if candidate.startswith("prefix-epp-precise") else TARGETS
-    for workload, goal, metric, op, reference, factor in goals:
-        rows = summaries.get(workload, {})
-        if candidate not in rows:
-            continue
-        if reference == "oracle":
-            if workload not in oracle:
-                continue
-            base = oracle[workload]
-        elif reference == "constant":
-            base = 1.0
-        elif reference == candidate:
-            continue  # prefix-epp-weighted is not measured against itself
-        elif reference in rows:
-            base = _get(rows[reference], metric)
-        else:
-            continue
-        try:
-            value = _get(rows[candidate], metric)
-        except KeyError:
-            continue
-        bound = base * factor
-        met = {">=": value >= bound, "<=": value <= bound, "<": value < bound}[op]
-        out.append(Target(workload, goal, value, round(bound, 4), met))
-    return out

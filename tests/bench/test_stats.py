@@ -1,4 +1,5 @@
-"""bench.metrics: percentiles, hit rate, histogram quantiles, per-replica load, summaries, targets."""
+"""bench.lib.stats and bench.lib.targets: percentiles, hit rate, histogram quantiles, per-replica load,
+summaries, targets."""
 
 from __future__ import annotations
 
@@ -7,19 +8,18 @@ from typing import Any
 
 import pytest
 
-from bench.client import RequestResult
-from bench.metrics import (
-    evaluate_targets,
+from bench.lib.client import RequestResult
+from bench.lib.stats import (
     histogram_quantile,
     hit_rate,
     parse_histogram,
     percentile,
     prediction_accuracy,
     prefill_work_s,
-    relative_to,
     replica_load,
     summarize,
 )
+from bench.lib.targets import evaluate_targets, relative_to
 
 
 def req(ttft: float | None = 0.1, e2e: float = 1.0, prompt: int = 100, cached: int = 0, served: str = "a",

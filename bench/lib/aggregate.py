@@ -2,7 +2,7 @@
 
 `python -m bench.run --repeat N` runs the whole matrix N times, repetition-major, on the same
 seeded workloads, so the spread measures the machine's noise and drift hits every router alike.
-Each repetition yields `Summaries` (summaries[workload][router] = a `bench.metrics.summarize` row).
+Each repetition yields `Summaries` (summaries[workload][router] = a `bench.lib.stats.summarize` row).
 
 - `mean_row(rows)`: the row of a (workload, router) averaged over the repetitions that ran it:
   every number is the arithmetic mean (NaN stays NaN), nested dicts recurse, anything else

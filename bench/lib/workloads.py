@@ -5,8 +5,8 @@ begins; sessions start as a Poisson process, i.e. exponential gaps at `rate` per
 loop: a slow router does not slow the arrivals) and sends its turns one after another. Single-
 shot workloads have one turn per session; a chat conversation sends turn k+1 `think_s[k]`
 seconds after turn k's response ended, with turn k's actual answer in its history. `body()`
-builds the request of a turn from the answers so far; the load generator (`bench.client`) and
-the oracle (`bench.oracle`) both use it, so they see the same prompts.
+builds the request of a turn from the answers so far; the load generator (`bench.lib.client`) and
+the oracle (`bench.lib.oracle`) both use it, so they see the same prompts.
 
 Text: prompts are seeded random words of at most 10 letters, one token each under
 `extproc.tokenization.builtin` (a fixed header is counted and topped up), so token lengths are exact.

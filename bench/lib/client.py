@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.workloads import Session, Workload, body
+from bench.lib.workloads import Session, Workload, body
 
 REQUEST_TIMEOUT_S = 600.0
 

@@ -4,7 +4,7 @@
   line per router.
 - `*-hit_rate.png`: prefix-cache hit rate per workload and router, with the oracle bound.
 - `*-ttft_p99.png`: TTFT p99 per workload and router (log axis).
-  With repetitions the bars are the means and the error bars span min to max (`bench.aggregate`);
+  With repetitions the bars are the means and the error bars span min to max (`bench.lib.aggregate`);
   the TTFT CDF pools every repetition's requests.
 - `*-load.png`: requests per replica (sorted, busiest first; the mean by rank over the
   repetitions) per workload and router, with the 2x-mean line of the hot-spot goal.
@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from bench.aggregate import lookup
+from bench.lib.aggregate import lookup
 
 Summaries = Mapping[str, Mapping[str, Mapping[str, Any]]]  # workload -> router -> summarize() row
 Spreads = Mapping[str, Mapping[str, Mapping[str, tuple[float, float]]]]  # workload -> router -> path -> (min, max)

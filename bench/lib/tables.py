@@ -4,9 +4,9 @@
   row holds the means, and the figures that vary from run to run (hit rate, TTFT, e2e, load
   balance, decision latency) carry their min-max range: `1,914 (1,850-2,010)`.
 - `accuracy_table`: the prefix-epp setups' closed-loop prediction of cached tokens.
-- `targets_table`: the goals of `bench.metrics.TARGETS`, met or missed (on the means).
+- `targets_table`: the goals of `bench.lib.targets.TARGETS`, met or missed (on the means).
 - `clairvoyant_table`: every router's hit rate and TTFT p99 as a fraction of the clairvoyant
-  reference's (`bench.metrics.relative_to`).
+  reference's (`bench.lib.targets.relative_to`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bench.aggregate import Spread, cell
-from bench.metrics import Target, relative_to
+from bench.lib.aggregate import Spread, cell
+from bench.lib.targets import Target, relative_to
 
 Rows = Mapping[str, Mapping[str, Mapping[str, Any]]]
 
