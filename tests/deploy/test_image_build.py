@@ -33,7 +33,7 @@ import pytest
 from extproc.pb import health_pb2, health_pb2_grpc
 from testkit.envoy import run_envoy
 from testkit.helm import REPO_ROOT
-from testkit.http import completion, post
+from testkit.http_client import completion, post
 from testkit.procs import Proc, free_ports, wait_for_port
 
 pytestmark = pytest.mark.e2e

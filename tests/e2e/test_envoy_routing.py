@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.pb import health_pb2, health_pb2_grpc
-from testkit.http import chat, completion, gather_limited, get, post
+from testkit.http_client import chat, completion, gather_limited, get, post
 from testkit.stack import Stack, stack
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ import pytest
 
 from prefix_epp_sim.server import Replica, run_replicas
 from testkit.envoy import run_envoy
-from testkit.http import post
+from testkit.http_client import post
 from testkit.kvevents import PROMPTS, SIM, complete, sim_blocks, spec_for
 from testkit.picker import Picker, picker_for, until, value
 

@@ -25,7 +25,7 @@ from extproc.sync.wire import RECORD, UPDATES, Codec
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.server import run_replicas
 from testkit.envoy import epp_hosts_healthy, run_envoy
-from testkit.http import gather_limited, post
+from testkit.http_client import gather_limited, post
 from testkit.picker import Picker, picker_for, scrape, value
 from testkit.procs import free_ports
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from testkit.http import completion, post
+from testkit.http_client import completion, post
 from testkit.stack import stack
 
 pytestmark = pytest.mark.e2e

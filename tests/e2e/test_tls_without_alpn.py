@@ -12,7 +12,7 @@ import pytest
 
 from extproc.commands.envoy_config import build_config, render
 from testkit.envoy import envoy_binary
-from testkit.http import completion, post
+from testkit.http_client import completion, post
 from testkit.picker import picker_for
 from testkit.procs import free_port, running
 from testkit.stack import echo_backends

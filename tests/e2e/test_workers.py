@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from testkit.envoy import run_envoy
-from testkit.http import completion, gather_limited, post
+from testkit.http_client import completion, gather_limited, post
 from testkit.picker import picker_for, scrape, value, wait_ready
 from testkit.procs import Proc
 from testkit.stack import echo_backends
