@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check extproc prefix_epp_sim tests bench protos
+	$(VENV)/bin/ruff check extproc prefix_epp_sim tests bench protos testkit
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy extproc prefix_epp_sim tests bench protos
+	$(VENV)/bin/mypy extproc prefix_epp_sim tests bench protos testkit
 
 # The container image, built for real (podman and debootstrap are installed with apt-get when
 # missing; the Python base is cached under .cache/image/): scripts/build-image.sh.

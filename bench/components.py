@@ -1,12 +1,12 @@
 """What the picker's parts off the request path cost (`python -m bench.components`, ~1 min).
 
 Side by side in one run, `--reps` repetitions (3; mean and min-max are reported):
-1. parse: one vLLM /metrics page (tests/scraping/vllm_text.py: real Prometheus text under vLLM's
+1. parse: one vLLM /metrics page (testkit/vllm_text.py: real Prometheus text under vLLM's
    names, with vLLM's latency histograms per engine, ~125 KB) read by the picker's line reader
    (`extproc.scraping.scraper.parse_vllm_metrics`) and by prometheus_client's parser
    (`text_string_to_metric_families`, the reference): the median of `--parses` reads each.
 2. scraper: `MetricsScraper` polling `--endpoints` (8) model-server stubs
-   (tests/scraping/metrics_server.py, in another process, serving that page) every
+   (testkit/vllm_stubs.py, in another process, serving that page) every
    `--refresh-metrics-interval` (the default, 50 ms) for `--seconds` (10): this process's CPU
    time over the wall time, i.e. the share of one core the scraping takes (HTTP client, reading,
    parsing, the datastore update), and the scrapes per second it kept.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import sys
 import tempfile
@@ -42,10 +41,9 @@ from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.wire import decode_batch
 from extproc.scraping.scraper import MetricsScraper, parse_vllm_metrics
 from extproc.tokenization.builtin import encode
-from prefix_epp_sim.kv_publisher import encode_batch
-from prefix_epp_sim.kvcache import BlockStored
-from tests.scraping.vllm_text import exposition
-from tests.support.procs import free_ports, python_module, running, wait_for_port
+from testkit.kvevents import kv_event_batches
+from testkit.procs import free_ports, python_module, running, wait_for_port
+from testkit.vllm_text import exposition
 
 
 def parse_ms(parses: int) -> dict[str, float]:
@@ -85,22 +83,11 @@ async def _scrape(ports: Sequence[int], seconds: float) -> dict[str, float]:
 
 def scraper_cost(endpoints: int, seconds: float, log_dir: Path) -> dict[str, float]:
     ports = free_ports(endpoints)
-    with running(python_module("tests.scraping.metrics_server", *map(str, ports)), log_dir / "stubs.log",
+    with running(python_module("testkit.vllm_stubs", *map(str, ports)), log_dir / "stubs.log",
                  wait_port=ports[-1]):
         for p in ports:
             wait_for_port(p)
         return asyncio.run(_scrape(ports, seconds))
-
-
-def kv_event_batches(batches: int, blocks: int = 64, block_size: int = 16, seed: int = 2) -> list[bytes]:
-    """vLLM-like KV-event batches as the simulator publishes them: one `blocks`-block prompt stored in each."""
-    rng = random.Random(seed)
-    payloads = []
-    for _ in range(batches):
-        hashes = [rng.getrandbits(64) for _ in range(blocks)]
-        tokens = [rng.randrange(128_000) for _ in range(blocks * block_size)]
-        payloads.append(encode_batch([BlockStored(hashes, None, tokens, block_size)], "array", 0.0))
-    return payloads
 
 
 def kv_event_rate(batches: int = 500, blocks: int = 64, block_size: int = 16) -> dict[str, float]:

@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.oracle import workload_oracle
-from bench.run import RouterSpec, run_one, sim_settings
-from bench.tables import fmt
-from bench.workloads import SharedPrefixParams, Workload, shared_prefix
+from bench.lib.oracle import workload_oracle
+from bench.lib.runner import RouterSpec, run_one, sim_settings
+from bench.lib.tables import fmt
+from bench.lib.workloads import SharedPrefixParams, Workload, shared_prefix
 
 ROUTERS = ("random", "prefix-epp")
 DEMO_WORKLOAD = SharedPrefixParams(groups=24, rate=10.0)
@@ -35,7 +35,7 @@ DEMO_WORKLOAD = SharedPrefixParams(groups=24, rate=10.0)
 class DemoResult:
     workload: Workload
     oracle_hit_rate: float
-    rows: dict[str, dict[str, Any]]  # router -> bench.metrics.summarize row
+    rows: dict[str, dict[str, Any]]  # router -> bench.lib.stats.summarize row
 
     def table(self) -> str:
         lines = ["| router | hit rate | TTFT p50 (ms) | TTFT p99 (ms) | requests per replica | errors |",

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import string
@@ -39,19 +38,21 @@ import tempfile
 import time
 import urllib.request
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
-from bench.peers import go_epp
+from bench.lib import go_epp
+from bench.lib.loadgen import Tally, closed_loop, open_loop
+from bench.lib.routers import plain_envoy_config
+from bench.lib.stats import percentile
 from extproc.commands.envoy_config import build_config, render
 from extproc.config.settings import EppConfig, KVEventsConfig
 from extproc.core.datastore import EndpointSpec
-from tests.support.envoy import envoy_binary
-from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running
+from testkit.envoy import envoy_binary
+from testkit.procs import Proc, free_ports, prefix_epp, python_module, running
 
 WIRINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {  # name -> (request body, responses, picker flags)
     "default": ("BUFFERED", "end", ()),
@@ -61,17 +62,9 @@ WIRINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {  # name -> (request bod
 }
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
 def prompt_body(size: int, seed: int, shared: int = 0, tokens: int = 1, interval_ms: float = 0.0) -> bytes:
     """A completion request of about `size` prompt bytes; stream, max_tokens and the trivial backend's
-    pause between tokens come first (tests/support/echo_backends.py reads the first 256 bytes)."""
+    pause between tokens come first (testkit/echo_backends.py reads the first 256 bytes)."""
     rng = random.Random(seed)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
     text = ("shared system prompt " * (shared // 21 + 1))[:shared]
@@ -146,98 +139,6 @@ def tokenization_latency(n: int) -> dict[str, float]:
                 "warm_p50_ms": percentile(warm, 50) * 1e3, "warm_p99_ms": percentile(warm, 99) * 1e3}
 
     return asyncio.run(run())
-
-
-def plain_envoy_config(listen: int, admin: int, backends: list[str]) -> dict[str, Any]:
-    cfg = build_config(listen, "127.0.0.1:1", admin, epp_tls=False, endpoints=tuple(backends))
-    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["http_filters"] = hcm["http_filters"][1:]  # router only: no ext_proc
-    cluster = cfg["static_resources"]["clusters"][1]
-    cluster.pop("load_balancing_policy")
-    cluster["lb_policy"] = "ROUND_ROBIN"
-    cfg["static_resources"]["clusters"] = [cluster]
-    return cfg
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Tally:
-    """What one setup did over the rounds of a measurement."""
-
-    latencies: list[float] = field(default_factory=list)
-    failed: int = 0
-    elapsed_s: float = 0.0
-    cpu_s: float = 0.0
-
-
-async def send(session: aiohttp.ClientSession, url: str, body: bytes, tally: Tally) -> None:
-    """One request; its latency joins `tally` if the answer is a 200, else it counts as failed."""
-    start = time.perf_counter()
-    try:
-        async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
-            await resp.read()
-            ok = resp.status == 200
-    except aiohttp.ClientError:
-        ok = False
-    if ok:
-        tally.latencies.append(time.perf_counter() - start)
-    else:
-        tally.failed += 1
-
-
-async def closed_loop(url: str, bodies: list[bytes], concurrency: int, total: int, tally: Tally,
-                      pid: int | None = None, warm_up: int = 0) -> None:
-    """`total` requests from `concurrency` workers into `tally`; only 200 answers count as latencies.
-
-    With `pid`, the CPU seconds that process spent during the timed part are added too.
-    """
-    issued = 0
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn) as session:
-        async def worker() -> None:
-            nonlocal issued
-            while issued < total:
-                i = issued
-                issued += 1
-                await send(session, url, bodies[i % len(bodies)], tally)
-
-        for _ in range(warm_up):  # connections, the picker's index
-            async with session.post(url, data=bodies[0], headers={"content-type": "application/json"}) as r:
-                await r.read()
-        cpu_before = cpu_seconds(pid) if pid else 0.0
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        tally.elapsed_s += time.perf_counter() - start
-        tally.cpu_s += cpu_seconds(pid) - cpu_before if pid else 0.0
-
-
-async def open_loop(url: str, bodies: list[bytes], rate: float, total: int, tally: Tally,
-                    pid: int | None = None) -> None:
-    """`total` requests sent at a fixed `rate` per second whatever the answers' length (open loop).
-
-    At equal request rates the picker's CPU per request compares like with like: in a closed loop
-    longer answers lower the request rate, and an event loop spends more per request when fewer
-    requests share each wake-up.
-    """
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn) as session:
-        loop = asyncio.get_running_loop()
-        cpu_before = cpu_seconds(pid) if pid else 0.0
-        start = loop.time()
-        tasks = []
-        for i in range(total):
-            delay = start + i / rate - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(session, url, bodies[i % len(bodies)], tally)))
-        await asyncio.gather(*tasks)
-        tally.elapsed_s += loop.time() - start
-        tally.cpu_s += cpu_seconds(pid) - cpu_before if pid else 0.0
 
 
 @dataclass
@@ -379,7 +280,7 @@ def through_envoy(tmp: Path, quick: bool) -> list[dict[str, Any]]:
     b_ports = free_ports(2)
     backends = [f"127.0.0.1:{p}" for p in b_ports]
     with ExitStack() as stack:
-        stack.enter_context(running(python_module("tests.support.echo_backends", *map(str, b_ports), "--trivial"),
+        stack.enter_context(running(python_module("testkit.echo_backends", *map(str, b_ports), "--trivial"),
                                     tmp / "backends.log", wait_port=b_ports[-1]))
         setups = start_setups(tmp, stack, backends)
         n = 200 if quick else 1000

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.oracle import BLOCK_SIZE, prompt_tokens
-from bench.workloads import MODEL, Workload, body, build
+from bench.lib.oracle import BLOCK_SIZE, prompt_tokens
+from bench.lib.report import raw_path
+from bench.lib.workloads import MODEL, Workload, body, build
 from prefix_epp_sim.kvcache import Allocation, KVCache, block_hash_seed, hash_blocks
 
 KINDS = ("hit", "cold", "evicted", "sent away")
@@ -139,7 +140,7 @@ def run(out_dir: Path, name: str) -> dict[str, Any]:
                 continue
             blocks = cfg["workloads"][wname]["kv_cache_blocks_per_replica"]
             for router in rows:
-                path = out_dir / "raw" / f"{raw_name}.{wname}.{router.replace(' ', '_')}.json"
+                path = raw_path(out_dir, raw_name, wname, router)
                 if not path.exists():
                     raise SystemExit(f"{path} is missing: rerun the benchmark that wrote {name}.json")
                 one = analyse(records(workload, json.loads(path.read_text())), blocks)

@@ -5,10 +5,10 @@
 
 Parts (every figure side by side in one run, `--reps` repetitions (3), configurations interleaved
 within each repetition, so a busy machine hits them alike):
-1. hit-rate: 4 simulated replicas (`bench.routers.sim_replicas`, KV cache sized as in `bench.run`)
+1. hit-rate: 4 simulated replicas (`bench.lib.routers.sim_replicas`, KV cache sized as in `bench.run`)
    behind real Envoy whose ext_proc cluster holds 1, 2 or 4 pickers (LEAST_REQUEST over the
    healthy ones): "1", "2 synced", "4 synced" (--sync-port/--peers) and "2 unsynced". Workloads
-   `shared-prefix` and `multi-turn` (`bench.workloads`, --quick sizes, seeds = repetition),
+   `shared-prefix` and `multi-turn` (`bench.lib.workloads`, --quick sizes, seeds = repetition),
    replayed `--time-scale` (3) times faster than real time. Hit rate = cached / prompt tokens
    reported by the engines. The same runs give the sync bandwidth: bytes the pickers sent to
    their peers per routed request, times 1,000 (= bytes/s per peer link at 1,000 req/s).
@@ -40,20 +40,20 @@ from typing import Any
 
 import aiohttp
 
-from bench import client
-from bench.metrics import hit_rate
-from bench.oracle import workload_oracle
-from bench.routers import sim_replicas
-from bench.run import sim_settings
-from bench.workloads import build
+from bench.lib import client
+from bench.lib.oracle import workload_oracle
+from bench.lib.routers import sim_replicas
+from bench.lib.runner import sim_settings
+from bench.lib.stats import hit_rate
+from bench.lib.workloads import build
 from extproc.commands.envoy_config import build_config, render
 from extproc.config.settings import EppConfig, SyncConfig
 from extproc.prefix.index import PrefixIndex
 from extproc.scraping.prom_text import samples
 from extproc.sync.manager import PeerSync
 from extproc.sync.wire import LOAD, SNAPSHOT
-from tests.support.envoy import envoy_binary
-from tests.support.procs import free_ports, prefix_epp, python_module, running, wait_for_port
+from testkit.envoy import envoy_binary
+from testkit.procs import free_ports, prefix_epp, python_module, running, wait_for_port
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = (("1", 1, False), ("2 synced", 2, True), ("4 synced", 4, True), ("2 unsynced", 2, False))
@@ -211,7 +211,7 @@ async def worker_once(s: aiohttp.ClientSession, url: str, body: bytes) -> int:
 def workers_run(tmp: Path, workers: int, total: int) -> dict[str, Any]:
     tmp.mkdir(parents=True, exist_ok=True)
     ports = free_ports(3)
-    args = python_module("tests.support.echo_backends", *map(str, ports), "--trivial")
+    args = python_module("testkit.echo_backends", *map(str, ports), "--trivial")
     with running(args, tmp / "backends.log", wait_port=ports[-1]):
         backends = [f"127.0.0.1:{p}" for p in ports]
         with pickers(tmp, backends, 1, False, ("--workers", str(workers))) as procs, \

@@ -27,7 +27,7 @@ import aiohttp
 import orjson
 
 from extproc.tokenization.builtin import count
-from tests.support.procs import free_port, python_module, running, wait_for_port
+from testkit.procs import free_port, python_module, running, wait_for_port
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma")
 

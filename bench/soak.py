@@ -1,6 +1,6 @@
 """Soak: mixed traffic through real Envoy and the picker for a while; memory and state stay flat.
 
-Stack: three echo backends (tests/support/echo_backends.py, SSE answers for `"stream": true`),
+Stack: three echo backends (testkit/echo_backends.py, SSE answers for `"stream": true`),
 the picker as a real process (`--prefix-lru-capacity 4000` so the prefix index fills during the
 warm-up and then has to evict), Envoy in full-duplex mode. `--concurrency` clients (8) send,
 by weight: valid completions and chats over a few hundred shared prefixes (55%), streamed
@@ -38,8 +38,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.commands.envoy_config import build_config, render
-from tests.support.envoy import envoy_binary
-from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
+from testkit.envoy import envoy_binary
+from testkit.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 
 LRU_CAPACITY = 4000
 KINDS = (("valid", 55), ("stream", 10), ("invalid", 10), ("random_model", 10), ("cancelled", 10), ("oversized", 5))
@@ -106,7 +106,7 @@ def soak_stack(tmp: Path, picker_extra: tuple[str, ...] = ()) -> Iterator[tuple[
     (tmp / "envoy.yaml").write_text(render(cfg))
     envoy_args = [envoy_binary(), "-c", str(tmp / "envoy.yaml"), "--concurrency", "1", "--log-level", "error",
                   "--base-id", str(listen)]
-    with running(python_module("tests.support.echo_backends", *map(str, ports)), tmp / "backends.log",
+    with running(python_module("testkit.echo_backends", *map(str, ports)), tmp / "backends.log",
                  wait_port=ports[-1]), running(picker_args, tmp / "picker.log", wait_port=metrics_port) as picker:
         wait_for_port(grpc_port, proc=picker.popen)
         with running(envoy_args, tmp / "envoy.log", wait_port=listen):

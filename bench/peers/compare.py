@@ -7,8 +7,9 @@ of hit rate, TTFT p50/p90/p99, load spread (busiest replica's requests over the 
 CPU per request (picker + Envoy processes), decision latency p99 and errors; then, per workload,
 which router is ahead on each figure in how many of the runs.
 
-    python -m bench.peers.compare bench/results/bench-go-epp-r1.json bench/results/bench-go-epp-r2.json \\
-        bench/results/bench-go-epp-r3.json --out bench/results/bench-go-epp.md
+    python -m bench.peers.compare bench/results/runs/bench-go-epp-r1.json \\
+        bench/results/runs/bench-go-epp-r2.json bench/results/runs/bench-go-epp-r3.json \\
+        --out bench/results/bench-go-epp.md
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench.aggregate on hand-made summaries, and the repeated run's files (json, md, render-only, CLI)."""
+"""bench.lib.aggregate on hand-made summaries, and the repeated run's files (json, md, render-only, CLI)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from typing import Any
 
 import pytest
 
-from bench.aggregate import aggregate, cell, mean_row, spread_row
-from bench.oracle import OracleResult
-from bench.run import DEFAULT_ROUTERS, candidates_of, main, render_only, write_results
-from bench.tables import clairvoyant_table, fmt, results_table
+from bench import run
+from bench.lib.aggregate import aggregate, cell, mean_row, spread_row
+from bench.lib.client import RequestResult, RunResult
+from bench.lib.oracle import OracleResult
+from bench.lib.report import render_only, runs_dir, write_results
+from bench.lib.runner import Outcome, RouterSpec
+from bench.lib.tables import clairvoyant_table, fmt, results_table
+from bench.run import DEFAULT_ROUTERS, candidates_of, main
 
 
 def summary(hit: float, p99: float, counts: dict[str, int], decision: float | None = None) -> dict[str, Any]:
@@ -92,6 +96,40 @@ def test_repeated_results_files_and_render_only(tmp_path: Path) -> None:
     render_only(tmp_path, "t")
     assert (tmp_path / "t.md").read_text() == md
     assert main(["--render-only", "--out-dir", str(tmp_path), "--name", "t"]) == 0
+
+
+def test_each_repetition_report_goes_under_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_run(*_args: object) -> Outcome:
+        answered = RequestResult(0, 0, "x", 0.0, 0.0, 200, 0.1, 1.0, 100, 0, 10, "x:1", "")
+        return Outcome(summary(0.5, 1000.0, {"x:1": 3, "x:2": 2}), RunResult([answered], 1.0))
+
+    monkeypatch.setattr(run, "run_retrying", fake_run)
+    run.run_all(["no-reuse"], [RouterSpec("random")], quick=True, replicas=2, load=1.0, time_scale=1.0,
+                out_dir=tmp_path, name="t", log=lambda line: None, repeat=2)
+    runs = runs_dir(tmp_path)
+    assert runs == tmp_path / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == sorted(
+        f"t-r{k}{kind}" for k in (1, 2) for kind in (".json", ".md", "-ttft.png", "-hit_rate.png", "-ttft_p99.png",
+                                                      "-load.png"))
+    assert sorted(p.name for p in tmp_path.glob("t*")) == sorted(
+        f"t{kind}" for kind in (".json", ".md", "-ttft.png", "-hit_rate.png", "-ttft_p99.png", "-load.png"))
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["t-r1.no-reuse.random.json",
+                                                                    "t-r2.no-reuse.random.json"]
+    assert json.loads((tmp_path / "t.json").read_text())["config"]["raw_names"] == ["t-r1", "t-r2"]
+
+
+def test_render_only_rewrites_a_repetition_report_where_it_lies(tmp_path: Path) -> None:
+    runs = runs_dir(tmp_path)
+    config = {"replicas": 2, "time_scale": 1.0, "raw_names": ["t-r2"]}
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "t-r2.w.a.json").write_text(json.dumps([{"status": 200, "error": "", "ttft_s": 0.1}]))
+    write_results(runs, "t-r2", config, ORACLE, [REP2], {"w": {"a": [100.0]}}, ["a"])
+    md = (runs / "t-r2.md").read_text()
+    (runs / "t-r2.md").unlink()
+    assert render_only(tmp_path, "t-r2") == runs
+    assert (runs / "t-r2.md").read_text() == md
+    assert not list(tmp_path.glob("t-r2*"))
+    assert main(["--render-only", "--out-dir", str(tmp_path), "--name", "t-r2"]) == 0
 
 
 def test_one_repetition_has_no_range_and_clairvoyant_table() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bench.demo import demo
-from bench.workloads import SharedPrefixParams
+from bench.lib.workloads import SharedPrefixParams
 
 pytestmark = pytest.mark.e2e
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.oracle import workload_oracle
-from bench.run import RouterSpec, run_one, sim_settings
-from bench.tables import results_table
-from bench.workloads import SharedPrefixParams, shared_prefix
+from bench.lib.oracle import workload_oracle
+from bench.lib.runner import RouterSpec, run_one, sim_settings
+from bench.lib.tables import results_table
+from bench.lib.workloads import SharedPrefixParams, shared_prefix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the first run builds the binaries
 

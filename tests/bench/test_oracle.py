@@ -1,11 +1,11 @@
-"""bench.oracle on hand-checkable inputs (block size 4 unless said otherwise)."""
+"""bench.lib.oracle on hand-checkable inputs (block size 4 unless said otherwise)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.oracle import oracle, workload_oracle, workload_requests
-from bench.workloads import MultiTurnParams, NoReuseParams, SharedPrefixParams, multi_turn, no_reuse, shared_prefix
+from bench.lib.oracle import oracle, workload_oracle, workload_requests
+from bench.lib.workloads import MultiTurnParams, NoReuseParams, SharedPrefixParams, multi_turn, no_reuse, shared_prefix
 
 A = list(range(1, 9))  # two full blocks of 4
 

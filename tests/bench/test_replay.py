@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.oracle import BLOCK_SIZE
+from bench.lib.oracle import BLOCK_SIZE
+from bench.lib.workloads import MODEL, body, build
 from bench.replay import Sent, analyse, records, replay
-from bench.workloads import MODEL, body, build
 from extproc.tokenization.builtin import encode
 from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
 

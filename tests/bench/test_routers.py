@@ -1,4 +1,4 @@
-"""What docs/benchmarks.md says about the benchmark's prefix-epp setup is what bench/routers.py runs."""
+"""What docs/benchmarks.md says about the benchmark's prefix-epp setup is what bench/lib/routers.py runs."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.routers import KV_EVENT_ROUTERS, ROUTERS, picker_flags, picker_setup, start
-from bench.run import RouterSpec
-from tests.support.procs import REPO_ROOT
+from bench.lib.routers import KV_EVENT_ROUTERS, ROUTERS, picker_flags, picker_setup, start
+from bench.lib.runner import RouterSpec
+from testkit.procs import REPO_ROOT
 
 
 def _setup_paragraph() -> str:

@@ -1,4 +1,4 @@
-"""bench.workloads: determinism by seed, exact token lengths, and each workload's promised shape."""
+"""bench.lib.workloads: determinism by seed, exact token lengths, and each workload's promised shape."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from bench.oracle import prompt_tokens
-from bench.workloads import (
+from bench.lib.oracle import prompt_tokens
+from bench.lib.workloads import (
     WORKLOADS,
     MultiTurnParams,
     NoReuseParams,

@@ -1,12 +1,12 @@
-"""bench.workloads mixed-length and bursts: counts, exact token lengths, timing, prefix sharing, sizing."""
+"""bench.lib.workloads mixed-length and bursts: counts, exact token lengths, timing, prefix sharing, sizing."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from bench.oracle import workload_oracle
-from bench.run import sim_settings
-from bench.workloads import BurstParams, MixedLengthParams, build, bursts, mixed_length
+from bench.lib.oracle import workload_oracle
+from bench.lib.runner import sim_settings
+from bench.lib.workloads import BurstParams, MixedLengthParams, build, bursts, mixed_length
 from extproc.tokenization.builtin import count
 
 SMALL_MIXED = MixedLengthParams(short_requests=40, short_systems=3, short_system_tokens=70, short_question_tokens=30,

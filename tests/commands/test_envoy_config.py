@@ -12,7 +12,7 @@ import pytest
 
 from extproc.commands.envoy_config import RESPONSE_PROCESSING, build_config, processing_mode, render
 from extproc.config.settings import EppConfig, ProxyTrafficConfig
-from tests.support.envoy import envoy_binary
+from testkit.envoy import envoy_binary
 
 T = ProxyTrafficConfig()
 ENDPOINTS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")

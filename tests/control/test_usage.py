@@ -18,8 +18,8 @@ from extproc.control.usage import (
 )
 from extproc.core.datastore import EndpointSpec
 from extproc.pb import external_processor_pb2 as pb
-from tests.kvevents.helpers import events_stack
-from tests.transport.test_processor import body_msgs, completion, drive, headers_msg, make_app
+from testkit.extproc_stream import body_msgs, completion, drive, headers_msg, make_app
+from testkit.kvevents import events_stack
 
 
 def sse(prompt_tokens: int, cached: int, chunks: int = 50, usage_each: bool = True) -> bytes:

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from extproc.config.settings import EppConfig
 from extproc.core.background import supervise
 from extproc.runtime.app import App
-from tests.support.procs import free_ports
+from testkit.procs import free_ports
 
 
 async def _until(predicate: object, timeout: float = 10.0) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy import helm as tools
-from tests.deploy.objects import CHART, NAMESPACE, RELEASE, VALUE_SETS, Obj
+from testkit import helm as tools
+from testkit.k8s_objects import CHART, NAMESPACE, RELEASE, VALUE_SETS, Obj
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.helm import HELM_VERSION, REPO_ROOT, Helm
-from tests.deploy.objects import (
+from testkit.helm import HELM_VERSION, REPO_ROOT, Helm
+from testkit.k8s_objects import (
     CHART,
     NAMESPACE,
     RELEASE,

@@ -18,7 +18,7 @@ from extproc.config.settings import EppConfig
 from extproc.discovery.objectives import OBJECTIVE_GROUPS
 from extproc.scheduling.build import default_profile
 from extproc.scheduling.config_loader import load_text
-from tests.deploy.objects import CHART, NAMESPACE, RELEASE, VALUE_SETS, Obj, container, find, find_all
+from testkit.k8s_objects import CHART, NAMESPACE, RELEASE, VALUE_SETS, Obj, container, find, find_all
 
 Render = Callable[[str], list[Obj]]
 

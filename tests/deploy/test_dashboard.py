@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.helm import REPO_ROOT
-from tests.deploy.objects import CHART
+from testkit.helm import REPO_ROOT
+from testkit.k8s_objects import CHART
 
 DASHBOARD = CHART / "dashboards" / "prefix-epp.json"
 METRIC_SOURCES = sorted((REPO_ROOT / "extproc" / "telemetry").glob("*.py"))

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from extproc.commands.serve import add_arguments, config_from_args
 from extproc.discovery.pool import selector_matches
 from extproc.sync.kube_peers import parse_selector
-from tests.deploy.helm import Helm
-from tests.deploy.objects import CHART, NAMESPACE, RELEASE, Obj, container, find, find_all
+from testkit.helm import Helm
+from testkit.k8s_objects import CHART, NAMESPACE, RELEASE, Obj, container, find, find_all
 
 Render = Callable[[str], list[Obj]]
 

@@ -18,8 +18,8 @@ import yaml
 
 from extproc.commands.serve import add_arguments, config_from_args
 from extproc.config.settings import EppConfig
-from tests.deploy.helm import REPO_ROOT
-from tests.deploy.objects import CHART
+from testkit.helm import REPO_ROOT
+from testkit.k8s_objects import CHART
 
 DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
 SCRIPT_PATH = REPO_ROOT / "scripts" / "kind-up.sh"
@@ -117,7 +117,7 @@ def test_build_context_is_the_package_only() -> None:
     sources = {p.relative_to(REPO_ROOT).as_posix() for pkg in ("extproc", "prefix_epp_sim")
                for p in (REPO_ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts}
     assert sources and sources <= sent
-    for excluded in (".venv/", ".cache/", ".git/", "tests/", "charts/", "bench/"):
+    for excluded in (".venv/", ".cache/", ".git/", "tests/", "testkit/", "charts/", "bench/"):
         assert not any(s.startswith(excluded) for s in sent), excluded
     assert not any("__pycache__" in s for s in sent)
 

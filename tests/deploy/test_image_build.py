@@ -31,10 +31,10 @@ import grpc
 import pytest
 
 from extproc.pb import health_pb2, health_pb2_grpc
-from tests.deploy.helm import REPO_ROOT
-from tests.e2e.helpers import completion, post
-from tests.support.envoy import run_envoy
-from tests.support.procs import Proc, free_ports, wait_for_port
+from testkit.envoy import run_envoy
+from testkit.helm import REPO_ROOT
+from testkit.http_client import completion, post
+from testkit.procs import Proc, free_ports, wait_for_port
 
 pytestmark = pytest.mark.e2e
 

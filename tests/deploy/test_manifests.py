@@ -16,10 +16,10 @@ import yaml
 
 from prefix_epp_sim.cli import add_arguments as add_sim_arguments
 from prefix_epp_sim.cli import config_from_args as sim_config_from_args
-from tests.deploy.helm import REPO_ROOT, Helm, load_documents
-from tests.deploy.objects import MANIFESTS, Obj, container, find, find_all, validate
-from tests.deploy.render_manifests import OUTPUT
-from tests.deploy.render_manifests import render as render_manifests
+from testkit.helm import REPO_ROOT, Helm, load_documents
+from testkit.k8s_objects import MANIFESTS, Obj, container, find, find_all, validate
+from testkit.render_manifests import OUTPUT
+from testkit.render_manifests import render as render_manifests
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -64,7 +64,7 @@ def parse_sim(args: list[str]) -> argparse.Namespace:
 
 def test_generated_chart_render_is_current(helm: Helm) -> None:
     assert OUTPUT.read_text() == render_manifests(helm), (
-        f"{OUTPUT.relative_to(REPO_ROOT)} is out of date: .venv/bin/python -m tests.deploy.render_manifests")
+        f"{OUTPUT.relative_to(REPO_ROOT)} is out of date: .venv/bin/python -m testkit.render_manifests")
 
 
 def test_base_kustomization_lists_every_file() -> None:

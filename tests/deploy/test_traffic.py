@@ -11,7 +11,7 @@ from collections.abc import Callable
 import yaml
 
 from extproc.config.settings import ProxyTrafficConfig
-from tests.deploy.objects import CHART, Obj, find
+from testkit.k8s_objects import CHART, Obj, find
 
 Render = Callable[[str], list[Obj]]
 T = ProxyTrafficConfig()

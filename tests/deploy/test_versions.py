@@ -14,9 +14,9 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from tests.deploy import crd_validation
-from tests.deploy.helm import REPO_ROOT, Helm
-from tests.deploy.objects import (
+from testkit import crd_validation
+from testkit.helm import REPO_ROOT, Helm
+from testkit.k8s_objects import (
     CHART,
     CRD_PROJECTS,
     NAMESPACE,
@@ -27,7 +27,7 @@ from tests.deploy.objects import (
     find,
     validate,
 )
-from tests.deploy.versions import VERSIONS, parse, semver
+from testkit.versions import VERSIONS, parse, semver
 
 Render = Callable[[str], list[Obj]]
 

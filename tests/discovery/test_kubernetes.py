@@ -16,7 +16,7 @@ from extproc.config.settings import DiscoveryConfig, EppConfig
 from extproc.core.datastore import Datastore
 from extproc.discovery.kubernetes import KubernetesDiscovery, pool_namespace
 from extproc.prefix.index import PrefixIndex
-from tests.support.kube import (
+from testkit.kube import (
     OBJECTIVES,
     PODS,
     POOL_LEGACY,

@@ -16,7 +16,7 @@ import pytest
 from extproc.config.settings import DiscoveryConfig, EppConfig
 from extproc.core.datastore import Datastore
 from extproc.discovery.kubernetes import KubernetesDiscovery
-from tests.support.kube import OBJECTIVES, OBJECTIVES_LLMD, POOL_V1, KubeApi, objective, pool_v1
+from testkit.kube import OBJECTIVES, OBJECTIVES_LLMD, POOL_V1, KubeApi, objective, pool_v1
 
 RECHECK_S = 0.4
 FAST = DiscoveryConfig(backoff_initial_s=0.05, backoff_max_s=0.3, objective_recheck_interval_s=RECHECK_S)

@@ -15,7 +15,7 @@ from extproc.discovery.pool import (
     pool_version,
     selector_matches,
 )
-from tests.support.kube import objective, pod, pool_legacy, pool_v1
+from testkit.kube import objective, pod, pool_legacy, pool_v1
 
 
 def test_v1_and_legacy_pool_shapes() -> None:

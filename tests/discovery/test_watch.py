@@ -11,8 +11,8 @@ import pytest
 from kubernetes import client
 
 from extproc.discovery.watch import Backoff, ListResult, ListWatch
-from tests.support.kube import PODS, KubeApi, pod
-from tests.support.procs import free_port
+from testkit.kube import PODS, KubeApi, pod
+from testkit.procs import free_port
 
 
 class Recorder:

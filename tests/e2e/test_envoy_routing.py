@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.pb import health_pb2, health_pb2_grpc
-from tests.e2e.conftest import Stack, stack
-from tests.e2e.helpers import chat, completion, gather_limited, get, post
+from testkit.http_client import chat, completion, gather_limited, get, post
+from testkit.stack import Stack, stack
 
 pytestmark = pytest.mark.e2e
 

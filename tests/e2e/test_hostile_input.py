@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import stack
-from tests.support.envoy import wait_until
+from testkit.envoy import wait_until
+from testkit.stack import stack
 
 pytestmark = pytest.mark.e2e
 

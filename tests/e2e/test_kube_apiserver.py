@@ -1,7 +1,7 @@
-"""Discovery against a real Kubernetes API: etcd + kube-apiserver built from source (tests/support/kubeapi.py).
+"""Discovery against a real Kubernetes API: etcd + kube-apiserver built from source (testkit/kubeapi.py).
 
 What kmock cannot show (tests/e2e/test_kubernetes_discovery.py runs the same picker against kmock):
-- the InferencePool CRDs are installed from the vendored upstream YAML (tests/support/crds/gie-v1.5.0)
+- the InferencePool CRDs are installed from the vendored upstream YAML (testkit/crds/apiserver/gie-v1.5.0)
   and their schema is enforced by the server;
 - label selectors are applied by the server, and the picker's pod LIST/WATCH send them;
 - the picker's watch loop (extproc/discovery/watch.py, `ListWatch`) resumes from its last
@@ -32,10 +32,10 @@ from kubernetes import client as k8s_client
 
 from extproc.discovery.watch import Backoff, ListResult, ListWatch
 from extproc.pb import health_pb2, health_pb2_grpc
-from tests.deploy import helm as tools
-from tests.deploy.objects import CHART
-from tests.support.kubeapi import BuildFailed, RealKube
-from tests.support.procs import free_ports, prefix_epp, running, wait_for_port
+from testkit import helm as tools
+from testkit.k8s_objects import CHART
+from testkit.kubeapi import BuildFailed, RealKube
+from testkit.procs import free_ports, prefix_epp, running, wait_for_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the first run builds kube-apiserver and etcd
 RELEASE = "epp"

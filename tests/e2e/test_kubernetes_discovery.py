@@ -22,9 +22,9 @@ import urllib3
 
 from extproc.config.settings import DrainConfig
 from extproc.pb import health_pb2, health_pb2_grpc
-from tests.support.envoy import run_envoy
-from tests.support.kube import OBJECTIVES, PODS, POOL_V1, KubeApi, objective, pod, pool_v1, ready_condition
-from tests.support.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
+from testkit.envoy import run_envoy
+from testkit.kube import OBJECTIVES, PODS, POOL_V1, KubeApi, objective, pod, pool_v1, ready_condition
+from testkit.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 
 pytestmark = pytest.mark.e2e
 HTTP = urllib3.PoolManager(maxsize=4)
@@ -138,7 +138,7 @@ def kube_stack(tmp: Path, backend_module: str, n_backends: int = 3,
 
 
 def test_traffic_follows_pods_and_pool_through_envoy(tmp_path: Path) -> None:
-    with kube_stack(tmp_path, "tests.support.echo_backends", api_started=False) as s:
+    with kube_stack(tmp_path, "testkit.echo_backends", api_started=False) as s:
         p0, p1, p2 = (str(p) for p in s.ports)
         # The API is down at start-up: not ready, requests fail.
         time.sleep(1.0)
@@ -215,7 +215,7 @@ def test_traffic_follows_pods_and_pool_through_envoy(tmp_path: Path) -> None:
 
 
 def test_objectives_and_saturation_shed_only_sheddable_requests(tmp_path: Path) -> None:
-    with kube_stack(tmp_path, "tests.scraping.metrics_server", n_backends=2) as s:
+    with kube_stack(tmp_path, "testkit.vllm_stubs", n_backends=2) as s:
         s.api.create(POOL_V1, pool_v1("pool", {"app": "vllm"}, s.ports))
         for i, port in enumerate(s.ports):
             s.api.create(PODS, pod(f"pod-{i}", {"app": "vllm"}, active_ports=[port]))

@@ -9,45 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_epp_sim.server import Replica, run_replicas
-from tests.e2e.conftest import Picker, picker_for
-from tests.e2e.helpers import post
-from tests.kvevents.helpers import PROMPTS, SIM, complete, sim_blocks, spec_for
-from tests.support.envoy import run_envoy
+from testkit.envoy import run_envoy
+from testkit.http_client import post
+from testkit.kvevents import PROMPTS, SIM, complete, sim_blocks, spec_for
+from testkit.picker import Picker, picker_for, until, value
 
 pytestmark = pytest.mark.e2e
-
-
-def scrape(picker: Picker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{picker.metrics_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-async def until(picker: Picker, predicate: object, timeout: float = 10.0) -> dict[tuple[str, tuple[tuple[str, str],
-                                                                                                   ...]], float]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        samples = await asyncio.to_thread(scrape, picker)
-        if callable(predicate) and predicate(samples):
-            return samples
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"picker metrics never satisfied the condition:\n{picker.proc.log_text()[-3000:]}"
-                               if picker.proc else "picker not running")
-        await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager

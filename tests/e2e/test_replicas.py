@@ -24,11 +24,10 @@ from extproc.sync.manager import PeerSync
 from extproc.sync.wire import RECORD, UPDATES, Codec
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.server import run_replicas
-from tests.e2e.conftest import Picker, picker_for
-from tests.e2e.helpers import gather_limited, post
-from tests.e2e.test_precise_routing import scrape, value
-from tests.support.envoy import epp_hosts_healthy, run_envoy
-from tests.support.procs import free_ports
+from testkit.envoy import epp_hosts_healthy, run_envoy
+from testkit.http_client import gather_limited, post
+from testkit.picker import Picker, picker_for, scrape, value
+from testkit.procs import free_ports
 
 pytestmark = pytest.mark.e2e
 

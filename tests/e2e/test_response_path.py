@@ -19,9 +19,8 @@ import pytest
 
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.server import run_replicas
-from tests.e2e.conftest import Picker, picker_for
-from tests.e2e.test_precise_routing import scrape, until, value
-from tests.support.envoy import run_envoy
+from testkit.envoy import run_envoy
+from testkit.picker import Picker, picker_for, scrape, until, value
 
 pytestmark = pytest.mark.e2e
 

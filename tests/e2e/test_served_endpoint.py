@@ -10,8 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import stack
-from tests.e2e.helpers import completion, post
+from testkit.http_client import completion, post
+from testkit.stack import stack
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,11 @@ import aiohttp
 import pytest
 
 from extproc.commands.envoy_config import build_config, render
-from tests.e2e.conftest import echo_backends, picker_for
-from tests.e2e.helpers import completion, post
-from tests.support.envoy import envoy_binary
-from tests.support.procs import free_port, running
+from testkit.envoy import envoy_binary
+from testkit.http_client import completion, post
+from testkit.picker import picker_for
+from testkit.procs import free_port, running
+from testkit.stack import echo_backends
 
 pytestmark = pytest.mark.e2e
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import echo_backends, picker_for, wait_ready
-from tests.e2e.helpers import completion, gather_limited, post
-from tests.e2e.test_precise_routing import scrape, value
-from tests.support.envoy import run_envoy
-from tests.support.procs import Proc
+from testkit.envoy import run_envoy
+from testkit.http_client import completion, gather_limited, post
+from testkit.picker import picker_for, scrape, value, wait_ready
+from testkit.procs import Proc
+from testkit.stack import echo_backends
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ from extproc.control.director import RequestContext
 from extproc.prefix.hashing import block_hashes
 from extproc.request.openai import Api, parse_request
 from extproc.runtime.app import App
-from tests.kvevents.helpers import (
+from testkit.kvevents import (
     PROMPTS,
     agrees,
     complete,

@@ -6,11 +6,11 @@ import gc
 import random
 import tracemalloc
 
-from bench.components import kv_event_batches
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.index import BYTES_PER_ENTRY, PreciseIndex
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Removed, Stored, decode_batch
+from testkit.kvevents import kv_event_batches
 
 BS = 16
 TOKENS = list(range(1000, 1000 + 6 * BS))

@@ -18,7 +18,7 @@ from prefix_epp_sim.config import KVEventsEncoding
 from prefix_epp_sim.kv_publisher import encode_batch
 from prefix_epp_sim.kvcache import BlockRemoved, BlockStored
 from prefix_epp_sim.server import Replica
-from tests.kvevents.helpers import (
+from testkit.kvevents import (
     FAST,
     PROMPTS,
     SIM,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from tests.support.procs import REPO_ROOT
+from testkit.procs import REPO_ROOT
 
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from extproc.prefix.capacity import auto_tuned_capacity
 from extproc.scraping.prom_text import samples
 from extproc.scraping.scraper import ScrapeError, parse_vllm_metrics
-from tests.scraping.vllm_text import exposition, noise
+from testkit.vllm_text import exposition, noise
 
 WANTED = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
           "vllm:cache_config_info", "vllm:lora_requests_info")

@@ -17,8 +17,8 @@ from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.prefix.index import PrefixIndex
 from extproc.scraping.scraper import MetricsScraper
 from extproc.telemetry.epp import EppMetrics
-from tests.scraping.vllm_text import exposition
-from tests.support.procs import free_port, free_ports, python_module, running, wait_for_port
+from testkit.procs import free_port, free_ports, python_module, running, wait_for_port
+from testkit.vllm_text import exposition
 
 
 @dataclass
@@ -202,7 +202,7 @@ async def test_scraping_8_endpoints_at_the_default_interval(tmp_path: Path) -> N
     """Model servers in another process: every endpoint is scraped, never faster than the interval.
     (How much CPU it costs is a benchmark figure, not a test: a loaded machine must not fail it.)"""
     ports = free_ports(8)
-    with running(python_module("tests.scraping.metrics_server", *map(str, ports)), tmp_path / "ms.log",
+    with running(python_module("testkit.vllm_stubs", *map(str, ports)), tmp_path / "ms.log",
                  wait_port=ports[-1]):
         for p in ports:
             wait_for_port(p)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prefix_epp_sim import cli
 from prefix_epp_sim.config import SimConfig
-from tests.support.procs import free_port, free_ports, prefix_epp, python_module, running, wait_for_port
+from testkit.procs import free_port, free_ports, prefix_epp, python_module, running, wait_for_port
 
 
 def test_parser_defaults_are_simconfig_defaults() -> None:

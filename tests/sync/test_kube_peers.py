@@ -11,7 +11,7 @@ import pytest
 
 from extproc.config.settings import DiscoveryConfig, EppConfig, SyncConfig
 from extproc.sync.kube_peers import PeerPods, parse_selector
-from tests.support.kube import PODS, KubeApi, pod, ready_condition
+from testkit.kube import PODS, KubeApi, pod, ready_condition
 
 OURS = {"app.kubernetes.io/name": "prefix-epp", "app.kubernetes.io/instance": "x"}
 

@@ -11,7 +11,7 @@ import pytest
 from extproc.config.settings import SyncConfig
 from extproc.prefix.index import PrefixIndex
 from extproc.sync.manager import PeerSync
-from tests.support.procs import free_ports
+from testkit.procs import free_ports
 
 SECRET = b"k" * 32
 FAST = replace(SyncConfig(), flush_interval_s=0.005, backoff_initial_s=0.05, backoff_max_s=0.2, warm_timeout_s=3.0)

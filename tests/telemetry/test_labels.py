@@ -8,7 +8,7 @@ import string
 from prometheus_client import generate_latest
 
 from extproc.telemetry.labels import MAX_LEARNED, OTHER, ModelLabels
-from tests.transport.test_processor import body_msgs, drive, headers_msg, make_app
+from testkit.extproc_stream import body_msgs, drive, headers_msg, make_app
 
 
 def test_known_names_keep_their_label_others_are_other() -> None:

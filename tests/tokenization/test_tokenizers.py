@@ -20,7 +20,7 @@ from extproc.tokenization.remote import RemoteTokenizer
 from extproc.tokenization.tokenizer_json import HFTokenizer
 from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
 from prefix_epp_sim.openai_api import parse_generation
-from tests.kvevents.helpers import SIM, events_stack, post, sim_blocks, wait_for
+from testkit.kvevents import SIM, events_stack, post, sim_blocks, wait_for
 
 SYSTEM = "You are a careful assistant. Answer briefly and cite the manual. " * 6
 CHAT = {"model": "sim-model", "max_tokens": 4, "messages": [

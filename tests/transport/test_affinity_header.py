@@ -10,7 +10,7 @@ from extproc.config.settings import AffinityConfig
 from extproc.pb import external_processor_pb2 as pb
 from extproc.runtime.app import App
 from extproc.transport.processor import EXPLAIN_HEADER
-from tests.transport.test_processor import body_msgs, destination, drive, error_body, headers_msg, make_app
+from testkit.extproc_stream import body_msgs, destination, drive, error_body, headers_msg, make_app
 
 
 def counted(app: App, source: str, hit: bool) -> float:

@@ -7,7 +7,7 @@ import orjson
 from extproc.pb import envoy_processing_mode_pb2 as mode
 from extproc.pb import external_processor_pb2 as pb
 from extproc.transport.responses import BODY_CHUNK_BYTES
-from tests.transport.test_processor import BUFFERED, DUPLEX, body_msgs, completion, drive, headers_msg, make_app
+from testkit.extproc_stream import BUFFERED, DUPLEX, body_msgs, completion, drive, headers_msg, make_app
 
 NONE = mode.ProcessingMode.NONE
 STREAMED = mode.ProcessingMode.STREAMED

@@ -9,7 +9,7 @@ import pytest
 
 from extproc.pb import external_processor_pb2 as pb
 from extproc.transport.processor import StreamProcessor
-from tests.transport.test_processor import body_msgs, completion, destination, headers_msg, make_app
+from testkit.extproc_stream import body_msgs, completion, destination, headers_msg, make_app
 
 SERVED = "x-gateway-destination-endpoint-served"
 

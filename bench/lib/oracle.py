@@ -1,0 +1,105 @@
+"""The oracle bound: the prefix-cache hit rate with an infinite cache shared by every replica.
+
+Every request is tokenised exactly as the simulator does (`extproc.tokenization.builtin`: a completion's
+prompt as is, chat messages through `render_chat`) and cut into full blocks of `block_size` (16)
+tokens hashed as chains (`prefix_epp_sim.kvcache.hash_blocks`). Requests are taken in session
+order (sessions by planned start, a conversation's turns in order). A request's cached tokens
+are its leading blocks already seen, capped as vLLM caps them (the last prompt token is always
+computed: at most `(prompt_tokens - 1) // block_size` blocks); then its prompt blocks and the
+full blocks of prompt + generated tokens (all but the last token, as the simulator stores them
+at finish) become seen. No router can beat this with these caches; `hit_rate / oracle` reads
+as the fraction of the possible.
+
+The same pass yields the workload's prefix working set: the distinct blocks that some later
+request hits (what `bench.lib.workloads.kv_cache_blocks` sizes the caches from).
+
+Chat answers are the simulator's deterministic output (`prefix_epp_sim.engine.output_text`), which
+is what the load generator puts into the history of the next turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from bench.lib.workloads import MODEL, Workload, body
+from extproc.tokenization.builtin import encode, render_chat
+from prefix_epp_sim.engine import output_text, output_token_ids
+from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
+
+BLOCK_SIZE = 16  # tokens per KV block of the bench's simulated replicas (bench.lib.routers.SimSettings)
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    prompt_tokens: int
+    cached_tokens: int
+    working_set_blocks: int  # distinct blocks hit at least once
+    largest_request_blocks: int  # blocks of the longest prompt + output
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def oracle(requests: Iterable[tuple[Sequence[int], Sequence[int]]], block_size: int = BLOCK_SIZE,
+           seed: int = 0) -> OracleResult:
+    """Infinite-cache hits of (prompt token ids, generated token ids) pairs, in order."""
+    seen: set[int] = set()
+    reused: set[int] = set()
+    prompt_total = cached_total = largest = 0
+    for prompt, output in requests:
+        n = len(prompt)
+        hashes = hash_blocks(prompt, block_size, seed)
+        hits = 0
+        for h in hashes[:max(0, (n - 1) // block_size)]:
+            if h not in seen:
+                break
+            reused.add(h)
+            hits += 1
+        prompt_total += n
+        cached_total += hits * block_size
+        seen.update(hashes)
+        computed = n + len(output) - 1
+        if computed // block_size > len(hashes):
+            tokens = [*prompt, *output]
+            parent = hashes[-1] if hashes else 0
+            seen.update(hash_blocks(tokens[len(hashes) * block_size:computed], block_size, seed, parent))
+        largest = max(largest, -(-(n + len(output)) // block_size))
+    return OracleResult(prompt_total, cached_total, len(reused), largest)
+
+
+def prompt_tokens(path: str, request: dict[str, object]) -> list[int]:
+    """Token ids the simulator computes for a request body."""
+    if path.endswith("/chat/completions"):
+        messages = request["messages"]
+        assert isinstance(messages, list)
+        return encode(render_chat(messages))
+    prompt = request["prompt"]
+    assert isinstance(prompt, str)
+    return encode(prompt)
+
+
+def workload_requests(workload: Workload) -> list[tuple[list[int], list[int]]]:
+    out: list[tuple[list[int], list[int]]] = []
+    for session in sorted(workload.sessions, key=lambda s: (s.start_s, s.id)):
+        answer = output_text(0, session.max_tokens)
+        generated = output_token_ids(session.max_tokens)
+        for turn in range(session.turns):
+            path, request = body(session, turn, [answer] * turn)
+            out.append((prompt_tokens(path, request), generated))
+    return out
+
+
+def workload_oracle(workload: Workload, block_size: int = BLOCK_SIZE) -> OracleResult:
+    return oracle(workload_requests(workload), block_size, block_hash_seed(MODEL))
+
+
+def pooled_oracle(oracles: Sequence[dict[str, OracleResult]]) -> dict[str, OracleResult]:
+    """Per workload, the oracle over several draws' requests (its hit rate: their pooled tokens)."""
+    out: dict[str, OracleResult] = {}
+    for w in oracles[0]:
+        runs = [o[w] for o in oracles]
+        out[w] = OracleResult(sum(o.prompt_tokens for o in runs), sum(o.cached_tokens for o in runs),
+                              max(o.working_set_blocks for o in runs), max(o.largest_request_blocks for o in runs))
+    return out

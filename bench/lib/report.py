@@ -1,0 +1,114 @@
+"""The results files of a benchmark run, and where they go.
+
+`bench/results/` (`RESULTS`) holds the reports a reader opens; each repetition's own report goes
+to `runs/` beneath it (`runs_dir`), and the per-request records to `raw/` (not committed):
+
+- `write_results(out_dir, name, ...)`: `{name}.json` (config, oracle, the means over the
+  repetitions as `results`, their `spread`, every repetition's summaries, targets on the means),
+  `{name}.md` (the tables, `bench.lib.tables`) and the figures `{name}-ttft.png`,
+  `-ttft_p99.png`, `-hit_rate.png`, `-load.png` (`bench.lib.plots`), all in `out_dir`.
+- `repetition_name(name, k)`: `{name}-r{k}`, the stem of repetition k's report in `runs_dir`.
+- `raw_path(out_dir, raw_name, workload, router)`: one run's per-request records.
+- `render_only(out_dir, name)`: rewrite `{name}.md` and the figures from `{name}.json` and the
+  raw records (after changing the tables or plots); a name found only in `runs/` (a
+  repetition's report, `bench-r2`) is rewritten there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.lib import plots
+from bench.lib.aggregate import aggregate
+from bench.lib.oracle import OracleResult
+from bench.lib.tables import accuracy_table, clairvoyant_table, results_table, targets_table
+from bench.lib.targets import Target, evaluate_targets
+
+RESULTS = Path("bench/results")
+RUNS = "runs"
+
+Summaries = dict[str, dict[str, dict[str, Any]]]  # [workload][router] -> summarize() row
+
+
+def runs_dir(out_dir: Path) -> Path:
+    """Where the per-repetition reports of the runs written to `out_dir` go."""
+    return out_dir / RUNS
+
+
+def repetition_name(name: str, k: int) -> str:
+    return f"{name}-r{k}"
+
+
+def raw_path(out_dir: Path, raw_name: str, workload: str, router: str) -> Path:
+    return out_dir / "raw" / f"{raw_name}.{workload}.{router.replace(' ', '_')}.json"
+
+
+def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict[str, OracleResult],
+                  repetitions: Sequence[Summaries], ttfts: dict[str, dict[str, list[float]]],
+                  candidates: Sequence[str]) -> dict[str, list[Target]]:
+    """{name}.json, {name}.md and the figures from every repetition's summaries (targets on the means)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rates = {w: o.hit_rate for w, o in oracle.items()}
+    means, spreads = aggregate(repetitions)
+    shown = spreads if len(repetitions) > 1 else None
+    targets = {c: evaluate_targets(means, rates, c) for c in candidates}
+    doc = {
+        "config": config,
+        "oracle": {w: {**asdict(o), "hit_rate": round(o.hit_rate, 4)} for w, o in oracle.items()},
+        "results": means,
+        "spread": {w: {r: {k: list(v) for k, v in s.items()} for r, s in rows.items()} for w, rows in spreads.items()},
+        "repetitions": list(repetitions),
+        "targets": {c: [{**asdict(t), "miss": t.miss} for t in ts] for c, ts in targets.items()},
+    }
+    (out_dir / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    reps = f"mean (min-max) of {len(repetitions)} repetitions; " if len(repetitions) > 1 else ""
+    md = [f"Replicas: {config['replicas']} simulated vLLM replicas (time scale {config['time_scale']}); "
+          f"{reps}times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage; "
+          "load = requests on the busiest replica / mean; router CPU = user+system CPU of the router's "
+          "processes (picker and Envoy) per request.", ""]
+    md += [f"Not run: {router}: {why}." for router, why in config.get("not_run", {}).items()]
+    md += ["", results_table(means, rates, shown), "", "Targets (on the means):", "", targets_table(targets), ""]
+    relative = clairvoyant_table(means)
+    if relative:
+        md += ["Relative to the clairvoyant reference (routes on the replicas' true caches and queues):", "",
+               relative, ""]
+    accuracy = accuracy_table(means)
+    if accuracy:
+        md += ["Closed-loop prediction of cached tokens (picker /metrics at the end of each run; the router "
+               "routes with its own scorer, the other one's prediction is recorded alongside):", "", accuracy, ""]
+    (out_dir / f"{name}.md").write_text("\n".join(md))
+    if means:
+        plots.write_all(means, rates, ttfts, out_dir, name, shown)
+    return targets
+
+
+def report_dir(out_dir: Path, name: str) -> Path:
+    """The folder holding report `name`: `out_dir`, or `runs/` for a repetition's report found only there."""
+    if not (out_dir / f"{name}.json").exists() and (runs_dir(out_dir) / f"{name}.json").exists():
+        return runs_dir(out_dir)
+    return out_dir
+
+
+def render_only(out_dir: Path, name: str) -> Path:
+    """Rewrite {name}.md and the figures from {name}.json and raw/ (after changing the tables or
+    plots), in the folder that holds the report (`report_dir`), which is returned."""
+    folder = report_dir(out_dir, name)
+    doc = json.loads((folder / f"{name}.json").read_text())
+    oracle = {w: OracleResult(o["prompt_tokens"], o["cached_tokens"], o["working_set_blocks"],
+                              o["largest_request_blocks"]) for w, o in doc["oracle"].items()}
+    repetitions = doc.get("repetitions") or [doc["results"]]  # results files from before repetitions
+    raw_names = doc["config"].get("raw_names", [name])
+    ttfts: dict[str, dict[str, list[float]]] = {}
+    for raw_name, summaries in zip(raw_names, repetitions, strict=False):
+        for workload, rows in summaries.items():
+            for router in rows:
+                path = raw_path(out_dir, raw_name, workload, router)
+                raw = json.loads(path.read_text()) if path.exists() else []
+                ttfts.setdefault(workload, {}).setdefault(router, []).extend(
+                    r["ttft_s"] * 1000 for r in raw if r["status"] == 200 and not r["error"] and r["ttft_s"])
+    write_results(folder, name, doc["config"], oracle, repetitions, ttfts, list(doc["targets"]))
+    return folder

@@ -1,0 +1,171 @@
+"""The benchmark's arithmetic: pure functions from measured requests to the reported figures.
+
+- `percentile(values, q)`: nearest rank, q in percent (NaN for no values).
+- `hit_rate`: cached prompt tokens / prompt tokens over the successful requests, as the
+  replicas reported them in `usage`.
+- `histogram_quantile(q, buckets)`: Prometheus' estimate from cumulative buckets: find the
+  bucket holding rank q x count and interpolate linearly inside it (the first bucket starts at
+  0; a rank in the +Inf bucket returns the highest finite bound).
+- `prefill_work_s`: model time the replicas spent computing prompt tokens that missed the cache
+  (uncached tokens x the simulator's `prefill_time_per_token`, 0.06 ms): the GPU work prefix
+  caching saves, independent of how the load was spread.
+- `replica_load`: requests per replica (every replica listed, idle ones as 0), max, mean and
+  max / mean.
+- `prediction_accuracy(text)`: the picker's closed loop per scorer (approximate, precise), from
+  its /metrics: predictions compared with the replicas' usage, the share within one block
+  (`..._predicted_within_one_block_total / ..._predictions_total`) and the mean absolute error in
+  tokens (`..._prediction_error_tokens_sum / _count`).
+- `summarize`: one router on one workload -> the row of the results table.
+
+The goals checked against those rows live in `bench.lib.targets`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.lib.client import RequestResult
+from extproc.scraping.prom_text import samples
+from prefix_epp_sim.config import SimConfig
+
+DECISION_HISTOGRAM = "inference_extension_scheduler_e2e_duration_seconds"
+PREDICTIONS = "prefix_epp_cached_tokens_predictions_total"
+PREDICTED_WITHIN = "prefix_epp_cached_tokens_predicted_within_one_block_total"
+PREDICTION_ERROR = "prefix_epp_cached_tokens_prediction_error_tokens"
+PREFILL_S_PER_TOKEN = SimConfig().prefill_time_per_token / 1000
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def hit_rate(results: Iterable[RequestResult]) -> float:
+    prompt = cached = 0
+    for r in results:
+        if r.ok:
+            prompt += r.prompt_tokens
+            cached += r.cached_tokens
+    return cached / prompt if prompt else 0.0
+
+
+def prefill_work_s(results: Iterable[RequestResult], s_per_token: float = PREFILL_S_PER_TOKEN) -> float:
+    return sum(r.prompt_tokens - r.cached_tokens for r in results if r.ok) * s_per_token
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
+    """q in [0, 1]; buckets: (upper bound, cumulative count) in increasing order, the last +Inf."""
+    if not buckets or buckets[-1][1] <= 0:
+        return math.nan
+    rank = q * buckets[-1][1]
+    prev_bound, prev_count = 0.0, 0.0
+    for i, (bound, cumulative) in enumerate(buckets):
+        if cumulative >= rank and cumulative > prev_count:
+            if math.isinf(bound):
+                return buckets[i - 1][0] if i else math.nan
+            lower = prev_bound if i else min(0.0, bound)
+            return lower + (bound - lower) * (rank - prev_count) / (cumulative - prev_count)
+        prev_bound, prev_count = bound, cumulative
+    return buckets[-1][0]
+
+
+def parse_histogram(text: bytes, name: str) -> list[tuple[float, float]]:
+    """Cumulative buckets of histogram `name` from Prometheus text (all label sets summed)."""
+    by_bound: dict[float, float] = {}
+    for labels, value in samples(text, f"{name}_bucket".encode()):
+        le = labels.get("le")
+        if le is not None:
+            bound = float(le)
+            by_bound[bound] = by_bound.get(bound, 0.0) + value
+    return sorted(by_bound.items())
+
+
+def _by_scorer(text: bytes, name: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in samples(text, name.encode()):
+        scorer = labels.get("scorer", "")
+        out[scorer] = out.get(scorer, 0.0) + value
+    return out
+
+
+def prediction_accuracy(text: bytes) -> dict[str, dict[str, float]]:
+    """Per scorer: predictions, within_one_block (share, NaN without predictions), mae_tokens."""
+    total = _by_scorer(text, PREDICTIONS)
+    within = _by_scorer(text, PREDICTED_WITHIN)
+    err_sum = _by_scorer(text, f"{PREDICTION_ERROR}_sum")
+    err_count = _by_scorer(text, f"{PREDICTION_ERROR}_count")
+    out: dict[str, dict[str, float]] = {}
+    for scorer in sorted(total):
+        n = total[scorer]
+        count = err_count.get(scorer, 0.0)
+        out[scorer] = {
+            "predictions": int(n),
+            "within_one_block": round(within.get(scorer, 0.0) / n, 4) if n else math.nan,
+            "mae_tokens": round(err_sum.get(scorer, 0.0) / count, 1) if count else math.nan,
+        }
+    return out
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    counts: dict[str, int]
+
+    @property
+    def max(self) -> int:
+        return max(self.counts.values(), default=0)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.counts.values()) / len(self.counts) if self.counts else 0.0
+
+    @property
+    def max_over_mean(self) -> float:
+        return self.max / self.mean if self.mean else 0.0
+
+
+def replica_load(served_by: Iterable[str], replicas: Sequence[str]) -> ReplicaLoad:
+    """Requests per replica; replicas that served nothing count as 0."""
+    counts = Counter(s for s in served_by if s)
+    return ReplicaLoad({r: counts.get(r, 0) for r in replicas} | dict(counts))
+
+
+def _ms(values: list[float], q: float) -> float:
+    return round(percentile(values, q) * 1000, 1) if values else math.nan
+
+
+def summarize(results: Sequence[RequestResult], wall_s: float, replicas: Sequence[str],
+              picker_metrics: bytes | None = None) -> dict[str, Any]:
+    """One router on one workload: the figures of the results table (times in ms)."""
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    e2e = [r.e2e_s for r in ok]
+    load = replica_load((r.served_by for r in ok), replicas)
+    row: dict[str, Any] = {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "hit_rate": round(hit_rate(results), 4),
+        "prefill_work_s": round(prefill_work_s(results), 1),
+        "ttft_ms": {"p50": _ms(ttft, 50), "p90": _ms(ttft, 90), "p99": _ms(ttft, 99)},
+        "e2e_ms": {"p50": _ms(e2e, 50), "p99": _ms(e2e, 99)},
+        "output_tokens_per_s": round(sum(r.completion_tokens for r in ok) / wall_s, 1) if wall_s > 0 else 0.0,
+        "requests_per_replica": load.counts,
+        "replica_max": load.max,
+        "replica_mean": round(load.mean, 2),
+        "replica_max_over_mean": round(load.max_over_mean, 3),
+        "start_lag_p99_ms": _ms([r.lag_s for r in results], 99),
+        "wall_s": round(wall_s, 2),
+    }
+    if picker_metrics is not None:
+        buckets = parse_histogram(picker_metrics, DECISION_HISTOGRAM)
+        row["decision_ms"] = {f"p{q}": round(histogram_quantile(q / 100, buckets) * 1000, 3) for q in (50, 99)}
+        accuracy = prediction_accuracy(picker_metrics)
+        if accuracy:
+            row["prediction"] = accuracy
+    return row

@@ -1,0 +1,106 @@
+"""The Markdown tables of a benchmark run (bench.run writes them into {name}.md).
+
+- `results_table`: one row per (workload, router) plus the oracle bound; with repetitions the
+  row holds the means, and the figures that vary from run to run (hit rate, TTFT, e2e, load
+  balance, decision latency) carry their min-max range: `1,914 (1,850-2,010)`.
+- `accuracy_table`: the prefix-epp setups' closed-loop prediction of cached tokens.
+- `targets_table`: the goals of `bench.lib.targets.TARGETS`, met or missed (on the means).
+- `clairvoyant_table`: every router's hit rate and TTFT p99 as a fraction of the clairvoyant
+  reference's (`bench.lib.targets.relative_to`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bench.lib.aggregate import Spread, cell
+from bench.lib.targets import Target, relative_to
+
+Rows = Mapping[str, Mapping[str, Mapping[str, Any]]]
+
+
+def fmt(value: float, digits: int = 0) -> str:
+    return "-" if value != value else f"{value:,.{digits}f}"  # NaN -> "-"
+
+
+def _pct(value: float) -> str:
+    return "-" if value != value else f"{value:.1%}"
+
+
+def _ratio(value: float) -> str:
+    return "-" if value != value else f"{value:.2f}"
+
+
+def _ms2(value: float) -> str:
+    return fmt(value, 2)
+
+
+def results_table(summaries: Rows, oracle: Mapping[str, float],
+                  spreads: Mapping[str, Mapping[str, Spread]] | None = None) -> str:
+    lines = [
+        "| workload | router | hit rate | of oracle | prefill work (s) | TTFT p50 | p90 | p99 | e2e p50 | p99 "
+        "| output tok/s | load max/mean | errors | decision p50 / p99 (ms) | router CPU ms/req |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for workload, rows in summaries.items():
+        bound = oracle.get(workload, 0.0)
+        if bound:
+            lines.append(f"| {workload} | *oracle (infinite cache)* | {bound:.1%} | 100% | | | | | | | | | | | |")
+        for router, r in rows.items():
+            spread = (spreads or {}).get(workload, {}).get(router, {})
+
+            def c(path: str, value: float, f: Any = fmt, s: Spread = spread) -> str:
+                return cell(value, s.get(path), f)
+
+            of_oracle = f"{r['hit_rate'] / bound:.1%}" if bound else "-"
+            d = r.get("decision_ms")
+            decision = f"{c('decision_ms.p50', d['p50'], _ms2)} / {c('decision_ms.p99', d['p99'], _ms2)}" if d else ""
+            t, e = r["ttft_ms"], r["e2e_ms"]
+            lines.append(
+                f"| {workload} | {router} | {c('hit_rate', r['hit_rate'], _pct)} | {of_oracle} "
+                f"| {fmt(r['prefill_work_s'])} | {c('ttft_ms.p50', t['p50'])} | {c('ttft_ms.p90', t['p90'])} "
+                f"| {c('ttft_ms.p99', t['p99'])} | {c('e2e_ms.p50', e['p50'])} | {c('e2e_ms.p99', e['p99'])} "
+                f"| {fmt(r['output_tokens_per_s'])} | {c('replica_max_over_mean', r['replica_max_over_mean'], _ratio)} "
+                f"| {fmt(r['errors'], 0 if float(r['errors']).is_integer() else 1)} "
+                f"| {decision} | {fmt(r.get('router_cpu_ms_per_request', float('nan')), 2)} |")
+    return "\n".join(lines)
+
+
+def accuracy_table(summaries: Rows) -> str:
+    """Per prefix-epp router: hit rate, TTFT p90/p99 and both scorers' closed-loop prediction accuracy."""
+    lines = ["| workload | router | hit rate | TTFT p90 | p99 | scorer | predictions | within one block "
+             "| MAE (tokens) |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for workload, rows in summaries.items():
+        for router, r in rows.items():
+            for scorer, acc in r.get("prediction", {}).items():
+                t = r["ttft_ms"]
+                lines.append(f"| {workload} | {router} | {r['hit_rate']:.1%} | {fmt(t['p90'])} | {fmt(t['p99'])} "
+                             f"| {scorer} | {fmt(acc['predictions'])} | {fmt(acc['within_one_block'] * 100, 1)}% "
+                             f"| {fmt(acc['mae_tokens'])} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
+def targets_table(targets: Mapping[str, list[Target]]) -> str:
+    lines = ["| router | workload | goal | value | bound | met |", "|---|---|---|---:|---:|---|"]
+    for candidate, rows in targets.items():
+        for t in rows:
+            verdict = "yes" if t.met else f"**no** (by {t.miss})"
+            lines.append(f"| {candidate} | {t.workload} | {t.goal} | {_num(t.value)} | {_num(t.bound)} | {verdict} |")
+    return "\n".join(lines)
+
+
+def clairvoyant_table(summaries: Rows) -> str:
+    """'' when the clairvoyant reference did not run."""
+    relative = relative_to(summaries)
+    lines = ["| workload | router | hit rate / clairvoyant | TTFT p99 / clairvoyant |", "|---|---|---:|---:|"]
+    for workload, rows in relative.items():
+        for router, r in rows.items():
+            if router != "clairvoyant":
+                lines.append(f"| {workload} | {router} | {_ratio(r['hit_rate'])} | {_ratio(r['ttft_p99'])} |")
+    return "\n".join(lines) if len(lines) > 2 else ""

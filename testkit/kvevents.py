@@ -1,0 +1,133 @@
+"""KV events for tests and benchmarks: simulated replicas publishing them, a running manager, batches.
+
+- `events_stack(n, ...)`: `n` simulated replicas (`prefix_epp_sim.server.run_replicas`, the cache
+  `SIM`: 40 blocks of 16 tokens, so the fourth distinct prompt of `PROMPTS` evicts) publishing KV
+  events, and a `KVEventsManager` (intervals `FAST`) subscribed to them; yields `Events`.
+- `spec_for(replica)`: the replica as an endpoint with its events (and replay) address;
+  `post`/`complete`: requests sent to a replica directly, past any picker.
+- `sim_blocks` / `precise_blocks`: leading blocks of a prompt the simulator's cache holds, and
+  what the precise index says it holds; `agrees` waits until they match for every prompt,
+  `subscribed` until every publisher has a subscriber, `wait_for` until any predicate holds.
+- `kv_event_batches(n)`: `n` vLLM-like event batches as the simulator publishes them, one
+  `blocks`-block prompt stored in each (the index tests and `bench.components`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+from prefix_epp_sim.kv_publisher import encode_batch
+
+from extproc.config.settings import KVEventsConfig
+from extproc.core.datastore import Datastore, EndpointSpec
+from extproc.kvevents.manager import KVEventsManager
+from extproc.kvevents.subscriber import Loss
+from extproc.tokenization.builtin import encode
+from prefix_epp_sim.config import SimConfig
+from prefix_epp_sim.kvcache import BlockStored, block_hash_seed, hash_blocks
+from prefix_epp_sim.server import Replica, run_replicas
+
+# 40 blocks of 16 tokens; a PROMPTS[i] request needs about 13 blocks, so the fourth distinct one evicts.
+SIM = SimConfig(time_scale=100.0, kv_cache_blocks=40, max_model_len=640, kv_events_port_base=0)
+PROMPTS = [f"request {i}: " + "lorem ipsum dolor sit amet " * 35 for i in range(6)]
+FAST = KVEventsConfig(maintenance_interval_s=0.05, replay_timeout_s=0.5, resync_window_s=0.3)
+
+
+def spec_for(rep: Replica, replay: bool = True) -> EndpointSpec:
+    assert rep.publisher is not None
+    events = rep.publisher.endpoint
+    if replay and rep.publisher.replay_endpoint:
+        events += "@" + rep.publisher.replay_endpoint
+    return EndpointSpec("127.0.0.1", rep.port, kv_events_endpoint=events)
+
+
+async def post(rep: Replica, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.post(rep.url + path, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json() if resp.content_type == "application/json" else {}
+
+
+async def complete(rep: Replica, prompt: str, max_tokens: int = 4) -> dict[str, Any]:
+    return await post(rep, "/v1/completions", {"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens})
+
+
+def sim_blocks(rep: Replica, prompt: str) -> int:
+    """Leading blocks of `prompt` the simulator's cache holds right now (its own hashes)."""
+    hashes = hash_blocks(encode(prompt), rep.cache.block_size, block_hash_seed("sim-model"))
+    return rep.cache.match_prefix(hashes)
+
+
+def precise_blocks(m: KVEventsManager, rep: Replica, prompt: str) -> int:
+    keys = m.keys_for("sim-model", "", encode(prompt))
+    assert keys is not None
+    key = f"127.0.0.1:{rep.port}"
+    return m.index.match(keys, [key], m.now()).get(key, 0)
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def agrees(m: KVEventsManager, rep: Replica, prompts: list[str] = PROMPTS) -> None:
+    """Wait until the precise index reports, for every prompt, exactly what the cache holds."""
+    await wait_for(lambda: all(precise_blocks(m, rep, p) == sim_blocks(rep, p) for p in prompts))
+
+
+async def subscribed(reps: list[Replica]) -> None:
+    """Wait until every replica's publisher has a subscriber (ZeroMQ drops what is sent before)."""
+    await wait_for(lambda: all(r.publisher is not None and r.publisher.subscriptions >= 1 for r in reps))
+
+
+@dataclass
+class Events:
+    replicas: list[Replica]
+    datastore: Datastore
+    manager: KVEventsManager
+
+    def key(self, i: int = 0) -> str:
+        return f"127.0.0.1:{self.replicas[i].port}"
+
+    def usable(self, i: int = 0) -> bool:
+        return self.manager.usable(self.key(i), self.manager.now())
+
+
+@contextlib.asynccontextmanager
+async def events_stack(n: int = 1, *, sim: SimConfig = SIM, config: KVEventsConfig = FAST, replay: bool = True,
+                       loss: Loss | None = None, subscribe: bool = True) -> AsyncIterator[Events]:
+    """`n` simulated replicas publishing KV events and a running manager subscribed to them."""
+    sim = replace(sim, kv_events_replay_port_base=0 if replay else None)
+    async with run_replicas(sim, n, base_port=0) as reps:
+        ds = Datastore()
+        manager = KVEventsManager(config, ds, loss=loss)
+        task = asyncio.create_task(manager.run())
+        await asyncio.sleep(0)
+        if subscribe:
+            ds.set_endpoints([spec_for(r, replay) for r in reps])
+            await subscribed(reps)
+        try:
+            yield Events(reps, ds, manager)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def kv_event_batches(batches: int, blocks: int = 64, block_size: int = 16, seed: int = 2) -> list[bytes]:
+    """vLLM-like KV-event batches as the simulator publishes them: one `blocks`-block prompt stored in each."""
+    rng = random.Random(seed)
+    payloads = []
+    for _ in range(batches):
+        hashes = [rng.getrandbits(64) for _ in range(blocks)]
+        tokens = [rng.randrange(128_000) for _ in range(blocks * block_size)]
+        payloads.append(encode_batch([BlockStored(hashes, None, tokens, block_size)], "array", 0.0))
+    return payloads

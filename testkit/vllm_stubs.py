@@ -1,0 +1,65 @@
+"""Model-server stubs with a vLLM /metrics page: `python -m testkit.vllm_stubs PORT ...`.
+
+Each port serves:
+- `GET /metrics`: a ~125 KB vLLM exposition (testkit/vllm_text.py) with the port's current
+  waiting/running/KV values (regenerated only when they change);
+- `POST /control` with JSON `{"waiting": w, "running": r, "kv": k}`: sets those values;
+- anything else: `{"served_by": "127.0.0.1:PORT"}` with the `x-served-by` header, like
+  testkit/echo_backends.py.
+Used to measure the scraper's CPU cost in another process, and as load-reporting backends in
+end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import orjson
+from aiohttp import web
+
+from testkit.vllm_text import exposition
+
+
+def make_app(name: str) -> web.Application:
+    state = {"values": (2.0, 3.0, 0.3)}
+    page = {"body": exposition(*state["values"], loras=[("a", "", 4, 1.0)])}
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=page["body"], content_type="text/plain")
+
+    async def control(request: web.Request) -> web.Response:
+        doc = orjson.loads(await request.read())
+        state["values"] = (float(doc.get("waiting", 0)), float(doc.get("running", 0)), float(doc.get("kv", 0)))
+        page["body"] = exposition(*state["values"], loras=[("a", "", 4, 1.0)])
+        return web.json_response({"ok": True})
+
+    async def other(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"served_by": name}, headers={"x-served-by": name})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/control", control)
+    app.router.add_route("*", "/{tail:.*}", other)
+    return app
+
+
+async def main(ports: list[int]) -> None:
+    runners = []
+    for port in ports:
+        runner = web.AppRunner(make_app(f"127.0.0.1:{port}"), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for runner in runners:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    asyncio.run(main([int(p) for p in sys.argv[1:]]))

@@ -1,1 +1,0 @@
-"""Shared helpers for tests that start real processes (Envoy, the picker, the simulator)."""
