@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
-from prefix_epp_sim.kv_publisher import encode_batch
 
 from extproc.config.settings import KVEventsConfig
 from extproc.core.datastore import Datastore, EndpointSpec
@@ -31,6 +30,7 @@ from extproc.kvevents.manager import KVEventsManager
 from extproc.kvevents.subscriber import Loss
 from extproc.tokenization.builtin import encode
 from prefix_epp_sim.config import SimConfig
+from prefix_epp_sim.kv_publisher import encode_batch
 from prefix_epp_sim.kvcache import BlockStored, block_hash_seed, hash_blocks
 from prefix_epp_sim.server import Replica, run_replicas
 
