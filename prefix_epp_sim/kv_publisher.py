@@ -9,8 +9,8 @@ Transport
     Sends never wait: the PUB socket drops at its high-water mark (`hwm`), as in vLLM.
     The last `buffer_steps` batches are kept for replay. With `replay_endpoint`, a ROUTER
     socket answers a client that sends its start sequence (8-byte big-endian; a REQ client's
-    empty delimiter frame is honoured) with one `[seq, payload]` reply per buffered batch whose
-    sequence is >= start, then the end marker `[-1 (signed 8-byte), b""]`.
+    empty delimiter frame is honoured) with one `[topic, seq, payload]` reply per buffered batch
+    whose sequence is >= start, then the end marker `[b"", -1 (signed 8-byte), b""]`: vLLM's framing.
 
 Payload (msgpack; vLLM's msgspec structs)
     EventBatch = [ts (unix seconds, float), [event, ...], data_parallel_rank (None)]
@@ -174,9 +174,10 @@ class KVEventPublisher:
                     continue
                 head = frames[:-1]  # identity, plus the empty delimiter when the client added one
                 start = int.from_bytes(frames[-1], "big", signed=True)
+                # vLLM's reply framing: the topic frame as on the PUB socket, an empty one at the end.
                 for seq, payload in [item for item in self._buffer if item[0] >= start]:
-                    await router.send_multipart([*head, seq.to_bytes(8, "big"), payload])
-                await router.send_multipart([*head, END_OF_REPLAY, b""])
+                    await router.send_multipart([*head, self._topic, seq.to_bytes(8, "big"), payload])
+                await router.send_multipart([*head, b"", END_OF_REPLAY, b""])
             except zmq.ZMQError as exc:
                 log.warning("kv_events_replay_failed", extra={"error": str(exc)})
 

@@ -7,18 +7,25 @@ then yields to the event loop, so a burst never starves request handling.
 
 Sequence numbers (8-byte big-endian, 0, 1, 2, ... per publisher), with `next` the expected one:
 - seq == next: apply.
-- seq > next (a gap: the PUB socket dropped messages at its high-water mark, or we joined late;
-  the first message ever must be 0): with a replay endpoint, ask it for everything from `next`
-  (DEALER; send ["", start as 8-byte big-endian]; read ["", seq, payload] until seq = -1, each
-  read bounded by `replay_timeout_s`, 1 s). A replay that starts at `next` and is contiguous
+- seq > next (a gap: the PUB socket dropped messages at its high-water mark): with a replay
+  endpoint, ask it for everything from `next` (DEALER; send ["", start as 8-byte big-endian];
+  read [topic, seq, payload] after the empty delimiter until seq = -1, each read bounded by
+  `replay_timeout_s`, 1 s; vLLM sends the topic frame, a reply without it is read as well). A
+  replay that starts at `next` and is contiguous
   recovers exactly; queued live messages it already covered are skipped as duplicates. Otherwise
   (no replay, timeout, buffer no longer reaching back) *resync*: drop this source's entries and
   mark it uncertain, then apply what arrived.
 - seq < next: a new publisher (engine restart: its cache is empty): drop the entries and start
   over at this sequence (0 is complete; anything else is also a gap from 0).
+- the first message heard from a publisher that has run before (seq > 0, nothing of it held): a
+  *late join*, the normal case when a picker starts beside running engines. With a replay
+  endpoint the subscriber asks for everything from 0; otherwise, or where the engine's buffer
+  (vLLM `buffer_steps`, 10,000) no longer reaches back to 0, it starts from what it has: nothing
+  it holds can be stale, only what the engine stored before is missing, so the source is usable
+  at once (counted in `late_joins`, logged with the first sequence number it saw).
 With a replay endpoint the subscriber also replays from 0 right after connecting, so joining a
-running engine recovers its whole state when the engine's buffer (vLLM `buffer_steps`, 10,000)
-still holds it. An undecodable payload counts as a loss (resync).
+running engine recovers its whole state when the engine's buffer still holds it. An undecodable
+payload counts as a loss (resync).
 
 `SourceState` is what the manager reads: a source is *usable* once it has heard from its
 publisher (a message or a replay) and is not uncertain; an uncertain source becomes usable again
@@ -91,6 +98,7 @@ class SubscriberStats:
     replays: dict[str, int] = field(default_factory=lambda: {"recovered": 0, "incomplete": 0, "failed": 0})
     resyncs: dict[str, int] = field(default_factory=dict)
     decode_errors: int = 0
+    late_joins: int = 0
 
 
 class Subscriber:
@@ -168,6 +176,9 @@ class Subscriber:
                 self._apply(seq, payload)
                 return
             expected = 0
+        if st.next_seq is None:
+            await self._join_late(seq, payload)
+            return
         self._stats.gaps += 1
         log.info("kv events gap", extra={"endpoint": self.address.endpoint, "rank": self.address.rank,
                                          "expected_seq": expected, "seq": seq})
@@ -177,6 +188,31 @@ class Subscriber:
             return
         self._resync("gap")
         self._apply(seq, payload)
+
+    async def _join_late(self, seq: int, payload: bytes) -> None:
+        """The first message of a publisher that ran before: replay from 0, else start here."""
+        items = await self._replay_from(0) if self.address.replay else None
+        if items and items[0][0] == 0:
+            self._stats.replays["recovered"] += 1
+        else:
+            if self.address.replay:
+                self._stats.replays["failed" if items is None else "incomplete"] += 1
+            self._started_late(items[0][0] if items else seq)
+        if items:
+            await self._apply_replayed(items)
+            self._dup_from = items[0][0]
+        if self.state.next_seq is None or seq >= self.state.next_seq:
+            self._apply(seq, payload)
+
+    def _started_late(self, first_seq: int) -> None:
+        """Start from `first_seq`: drop whatever an earlier subscription of this source left behind."""
+        self._index.clear_source(self.address.source)
+        self._stats.late_joins += 1
+        st = self.state
+        st.uncertain_since = st.fresh_since = None
+        st.reason = ""
+        log.info("kv events joined a running publisher: what it stored before is not indexed",
+                 extra={"endpoint": self.address.endpoint, "rank": self.address.rank, "first_seq": first_seq})
 
     def _heard(self) -> None:
         self.state.heard_at = self._clock()
@@ -218,18 +254,14 @@ class Subscriber:
     # -- replay ------------------------------------------------------------------------------
     async def _sync_from_start(self) -> None:
         """Replay from 0 right after connecting: a complete replay makes the source certain."""
-        self.state.replaying = True
-        try:
-            items = await self.fetch_replay(0)
-        finally:
-            self.state.replaying = False
+        items = await self._replay_from(0)
         if items is None:
             self._stats.replays["failed"] += 1
             return
         self._heard()
         if items and items[0][0] != 0:
             self._stats.replays["incomplete"] += 1
-            self._resync("joined-late")
+            self._started_late(items[0][0])
         elif items:
             self._stats.replays["recovered"] += 1
         else:
@@ -240,11 +272,7 @@ class Subscriber:
 
     async def _recover(self, start: int, held: int) -> bool:
         """Replay from `start`; False when nothing usable came back (the caller resyncs)."""
-        self.state.replaying = True
-        try:
-            items = await self.fetch_replay(start)
-        finally:
-            self.state.replaying = False
+        items = await self._replay_from(start)
         if not items:
             self._stats.replays["failed" if items is None else "incomplete"] += 1
             log.warning("kv events replay failed", extra={"endpoint": self.address.endpoint, "start_seq": start})
@@ -267,6 +295,14 @@ class Subscriber:
             if n % limit == limit - 1:
                 await asyncio.sleep(0)
 
+    async def _replay_from(self, start: int) -> list[tuple[int, bytes]] | None:
+        """`fetch_replay`, with the source marked as replaying (not usable) meanwhile."""
+        self.state.replaying = True
+        try:
+            return await self.fetch_replay(start)
+        finally:
+            self.state.replaying = False
+
     async def fetch_replay(self, start: int) -> list[tuple[int, bytes]] | None:
         """[(seq, payload)] for seq >= start from the replay socket; None on timeout or error."""
         assert self.address.replay
@@ -280,7 +316,9 @@ class Subscriber:
             while len(items) < MAX_REPLAY_MESSAGES:
                 frames = await asyncio.wait_for(sock.recv_multipart(), timeout)
                 if frames and not frames[0]:
-                    frames = frames[1:]
+                    frames = frames[1:]  # the empty delimiter
+                if len(frames) == 3:
+                    frames = frames[1:]  # the topic (vLLM sends it, as on the PUB socket)
                 if len(frames) != 2 or len(frames[0]) != 8:
                     return None
                 seq = int.from_bytes(frames[0], "big", signed=True)

@@ -11,6 +11,7 @@
 | prefix_epp_kv_events_gaps_total, prefix_epp_kv_events_restarts_total | counter | - |
 | prefix_epp_kv_events_replays_total | counter | outcome (recovered, incomplete, failed) |
 | prefix_epp_kv_events_resyncs_total | counter | reason |
+| prefix_epp_kv_events_late_joins_total | counter | - (publishers joined after their first message) |
 """
 
 from __future__ import annotations
@@ -62,3 +63,6 @@ class KVEventsCollector(Collector):
         for reason, n in st.resyncs.items():
             resyncs.add_metric([reason], n)
         yield resyncs
+        yield CounterMetricFamily("prefix_epp_kv_events_late_joins", "Publishers first heard after they had "
+                                  "published (what they stored before the replay buffer reaches is not indexed)",
+                                  value=st.late_joins)

@@ -83,6 +83,23 @@ async def test_late_subscriber_recovers_history_by_replay() -> None:
         assert m.stats.replays["recovered"] == 1 and m.stats.resyncs == {} and ev.usable()
 
 
+async def test_late_subscriber_without_replay_is_usable_at_its_first_message() -> None:
+    """Joining a running engine is no loss: nothing held can be stale, so no resync window is paid;
+    what the engine stored before is missing from the index, and the join is counted."""
+    async with events_stack(subscribe=False, replay=False) as ev:
+        rep, m = ev.replicas[0], ev.manager
+        for p in PROMPTS[:2]:
+            await complete(rep, p)
+        ev.datastore.set_endpoints([spec_for(rep)])
+        assert rep.publisher is not None  # a SUB socket only receives what is published once it subscribed
+        await wait_for(lambda: rep.publisher is not None and rep.publisher.subscriptions > 0)
+        await complete(rep, PROMPTS[2])
+        await wait_for(lambda: precise_blocks(m, rep, PROMPTS[2]) > 0)
+        assert precise_blocks(m, rep, PROMPTS[2]) == sim_blocks(rep, PROMPTS[2])
+        assert precise_blocks(m, rep, PROMPTS[0]) == 0 < sim_blocks(rep, PROMPTS[0])  # stored before the join
+        assert ev.usable() and m.stats.late_joins == 1 and m.stats.resyncs == {} and m.stats.gaps == 0
+
+
 async def test_gap_without_replay_drops_entries_and_falls_back_until_fresh_events() -> None:
     dropped: list[int] = []
     async with events_stack(replay=False, loss=drop_once(1, dropped)) as ev:

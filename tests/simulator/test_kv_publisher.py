@@ -118,15 +118,18 @@ async def test_replay_returns_buffered_batches_then_end_marker() -> None:
             while True:
                 frames = await asyncio.wait_for(dealer.recv_multipart(), 5)
                 replies.append(frames)
-                if frames[1] == END_OF_REPLAY:
+                if frames[2] == END_OF_REPLAY:
                     break
             dealer.close()
     finally:
         ctx.destroy(linger=0)
-    assert all(f[0] == b"" for f in replies)
-    assert [int.from_bytes(f[1], "big") for f in replies[:-1]] == list(range(2, total))
-    assert replies[-1][2] == b""
-    last = msgpack.unpackb(replies[-2][2])
+    # vLLM's framing: ["", topic, seq, payload] per batch, then ["", "", -1, ""].
+    topic = rep.publisher.topic.encode()
+    assert all(f[0] == b"" and len(f) == 4 for f in replies)
+    assert all(f[1] == topic for f in replies[:-1]) and replies[-1][1] == b""
+    assert [int.from_bytes(f[2], "big") for f in replies[:-1]] == list(range(2, total))
+    assert replies[-1][3] == b""
+    last = msgpack.unpackb(replies[-2][3])
     assert last[1] == [["AllBlocksCleared"]]
 
 
