@@ -10,9 +10,10 @@ encoded, prefix truncation), `chunking` (the builtin tokenizer in cached chunks,
   tokenizer of the simulator.
 - `/path/to/tokenizer.json`: a Hugging Face `tokenizers` file. Completions are encoded with the
   tokenizer's special tokens (BOS), as vLLM does; chat requests are rendered first, then encoded
-  without adding special tokens. The template is `chat_template` from a `tokenizer_config.json`
-  beside the file when the `jinja2` package is importable (it is not a dependency), else the
-  builtin ChatML template (`<|im_start|>role\\ncontent<|im_end|>\\n`, then the generation prompt).
+  without adding special tokens. The template is the model's own, beside the file
+  (`chat_template` in `tokenizer_config.json`, else `chat_template.jinja`); a model without one
+  renders with the builtin ChatML template (`<|im_start|>role\\ncontent<|im_end|>\\n`, then the
+  generation prompt).
 - `remote`: the model server's `POST /tokenize` (vLLM: `{"model", "prompt"}` or `{"model",
   "messages", "add_generation_prompt"}` -> `{"tokens"}`), asked of the endpoints in turn, with a
   timeout of `--tokenizer-timeout` (100 ms). It is asynchronous: the director awaits it before

@@ -1,20 +1,25 @@
-"""A Hugging Face tokenizer.json, with the model's Jinja chat template when jinja2 is importable.
+"""A Hugging Face tokenizer.json, with the model's Jinja chat template.
 
 Completions are encoded with the tokenizer's special tokens (BOS), as vLLM does; chat requests are
-rendered first, then encoded without adding special tokens. The template is `chat_template` from a
-`tokenizer_config.json` beside the file (jinja2 is not a dependency; without it, the builtin
-ChatML template). `tokenizers` releases the GIL, so `encode_async` runs in a worker thread.
+rendered first, then encoded without adding special tokens. The template is found where a model
+ships it, beside the file: `chat_template` in `tokenizer_config.json` (a string, or a list of named
+templates of which "default" is used), else `chat_template.jinja` (what transformers writes since
+4.43). It renders in jinja2's sandbox with `trim_blocks` and `lstrip_blocks`, as transformers and
+vLLM render it, with the config's `bos_token` and `eos_token`. A model without a template renders
+with the builtin ChatML template. `tokenizers` releases the GIL, so `encode_async` runs in a worker
+thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from extproc.request.openai import ParsedRequest
 from extproc.tokenization.builtin import render_chat
@@ -34,22 +39,20 @@ class HFTokenizer(LocalTokenizer):
         self._template: Any = None
         self._specials: dict[str, str] = {}
         config = Path(path).with_name("tokenizer_config.json")
-        if config.is_file():
-            self._load_template(json.loads(config.read_text()))
+        cfg = json.loads(config.read_text()) if config.is_file() else {}
+        self._load_template(cfg, Path(path).with_name("chat_template.jinja"))
 
-    def _load_template(self, cfg: dict[str, Any]) -> None:
+    def _load_template(self, cfg: dict[str, Any], jinja_file: Path) -> None:
         template = cfg.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
+        if not isinstance(template, str) and jinja_file.is_file():
+            template = jinja_file.read_text()
         if not isinstance(template, str):
+            log.info("the tokenizer has no chat template: chat requests use the builtin ChatML template")
             return
-        try:
-            jinja2 = importlib.import_module("jinja2.sandbox")
-        except ImportError:
-            log.warning("jinja2 not installed: chat requests use the builtin ChatML template")
-            return
-        env = jinja2.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._template = env.from_string(template)
         for key in ("bos_token", "eos_token"):
             value = cfg.get(key)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -93,12 +92,20 @@ def test_hugging_face_tokenizer_file(tmp_path: Path) -> None:
     completion = parse_request(Api.COMPLETIONS, b'{"model": "m", "prompt": "hello world"}')
     assert tok.encode(completion) == [1, 4, 5]  # the tokenizer's BOS, as vLLM adds for completions
     chat = parse_request(Api.CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "hello"}]}')
-    if importlib.util.find_spec("jinja2") is not None:
-        assert tok.has_model_template and tok.encode(chat) == [0, 6, 0, 4]  # "[", "user", "]", "hello"
-    else:  # without jinja2 the builtin ChatML template renders, encoded without a BOS
-        assert not tok.has_model_template and tok.encode(chat) == [2, 6, 4, 3, 2, 7]
+    assert tok.has_model_template and tok.encode(chat) == [0, 6, 0, 4]  # "[", "user", "]", "hello"
     with pytest.raises(ValueError, match="no such file"):
         make_tokenizer(str(tmp_path / "missing.json"), Datastore(), 0.1)
+
+
+def test_chat_template_from_its_own_file_and_the_builtin_one_without(tmp_path: Path) -> None:
+    """A model that ships chat_template.jinja (transformers' layout) renders with it; one without any
+    template renders the builtin ChatML template, encoded without a BOS."""
+    chat = parse_request(Api.CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "hello"}]}')
+    bare = HFTokenizer(str(write_hf_tokenizer(tmp_path, None)))
+    assert not bare.has_model_template and bare.encode(chat) == [2, 6, 4, 3, 2, 7]
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }} {% endfor %}")
+    shipped = HFTokenizer(str(tmp_path / "tokenizer.json"))
+    assert shipped.has_model_template and shipped.encode(chat) == [0, 6, 0, 4]
 
 
 async def test_remote_tokenizer_times_out_quickly_and_gives_none() -> None:
