@@ -74,6 +74,9 @@ class ModelServerMetrics:
     ttft_sum_s: float = 0.0  # vllm:time_to_first_token_seconds_sum
     ttft_count: float = -1.0  # vllm:time_to_first_token_seconds_count
     prompt_tokens: float = -1.0  # vllm:prompt_tokens_total
+    # process_start_time_seconds (unix seconds; -1: not exported): a new value is a restarted engine,
+    # whose cache is empty whatever the indexes hold (Datastore.on_restarted).
+    started_at: float = -1.0
     updated_at: float = 0.0  # time.monotonic() of the last successful scrape
     ok: bool = False  # False after a failed scrape
 
@@ -107,6 +110,7 @@ class Datastore:
         self._snapshot: tuple[Endpoint, ...] = ()
         self._on_added: list[Listener] = []
         self._on_removed: list[Listener] = []
+        self._on_restarted: list[Listener] = []
         self.synced = False  # discovery has listed everything at least once
         self.generation = 0
 
@@ -116,6 +120,10 @@ class Datastore:
 
     def on_removed(self, fn: Listener) -> None:
         self._on_removed.append(fn)
+
+    def on_restarted(self, fn: Listener) -> None:
+        """`fn(endpoint)` when a scrape shows the engine's process started anew (its cache is empty)."""
+        self._on_restarted.append(fn)
 
     # -- writes (discovery) ----------------------------------------------------------------
     def set_endpoints(self, specs: Iterable[EndpointSpec]) -> None:
@@ -159,10 +167,15 @@ class Datastore:
     # -- writes (metrics scraping) ---------------------------------------------------------
     def set_metrics(self, key: str, metrics: ModelServerMetrics) -> None:
         ep = self._endpoints.get(key)
-        if ep is not None:
-            ep.metrics = metrics
-            if metrics.ok:
-                ep.inflight_at_scrape = ep.inflight
+        if ep is None:
+            return
+        before = ep.metrics.started_at if ep.metrics is not None else -1.0
+        ep.metrics = metrics
+        if metrics.ok:
+            ep.inflight_at_scrape = ep.inflight
+            if before > 0 and metrics.started_at > 0 and metrics.started_at != before:
+                for fn in self._on_restarted:
+                    fn(ep)
 
     # -- reads (request path) --------------------------------------------------------------
     def snapshot(self) -> tuple[Endpoint, ...]:

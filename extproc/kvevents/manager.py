@@ -105,6 +105,7 @@ class KVEventsManager:
         self._listeners: list[Callable[[str, Sequence[int]], None]] = []
         datastore.on_added(self._added)
         datastore.on_removed(self._removed)
+        datastore.on_restarted(self._restarted)
 
     # -- subscriptions -----------------------------------------------------------------------
     def _added(self, ep: Endpoint) -> None:
@@ -131,6 +132,11 @@ class KVEventsManager:
         self._awaiting.pop(ep.key, None)
         self._capacity.pop(ep.key, None)
         self.index.remove_endpoint(ep.key)
+
+    def _restarted(self, ep: Endpoint) -> None:
+        """The engine's process started anew: what its old publisher said no longer holds."""
+        for sub in self._subs.get(ep.key, ()):
+            sub.publisher_restarted()
 
     def _heard(self, endpoint: str) -> None:
         self._awaiting.pop(endpoint, None)

@@ -204,6 +204,16 @@ class Subscriber:
         if self.state.next_seq is None or seq >= self.state.next_seq:
             self._apply(seq, payload)
 
+    def publisher_restarted(self) -> None:
+        """Told from outside (a scrape saw the engine restart) before the new publisher spoke: drop
+        this source's entries and take the next message as the start of a new sequence."""
+        self._index.clear_source(self.address.source)
+        self.state.next_seq = None
+        self._dup_from = None
+        self._stats.restarts += 1
+        log.warning("kv events: engine restarted, entries dropped",
+                    extra={"endpoint": self.address.endpoint, "rank": self.address.rank})
+
     def _started_late(self, first_seq: int) -> None:
         """Start from `first_seq`: drop whatever an earlier subscription of this source left behind."""
         self._index.clear_source(self.address.source)

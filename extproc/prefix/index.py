@@ -73,6 +73,13 @@ class PrefixIndex:
     def capacity(self, endpoint: str) -> int:
         return self._capacity.get(endpoint, self.default_capacity)
 
+    def clear_endpoint(self, endpoint: str) -> None:
+        """Forget what an endpoint holds (its engine restarted), keeping its capacity."""
+        capacity = self._capacity.get(endpoint)
+        self.remove_endpoint(endpoint)
+        if capacity is not None:
+            self._capacity[endpoint] = capacity
+
     def remove_endpoint(self, endpoint: str) -> None:
         slot = self._slot.pop(endpoint, None)
         self._capacity.pop(endpoint, None)

@@ -86,6 +86,7 @@ class App:
         cfg = self.config
         self.index = PrefixIndex(cfg.prefix.lru_capacity_per_server)
         self.datastore.on_removed(self._forget)
+        self.datastore.on_restarted(lambda ep: self.index.clear_endpoint(ep.key))
         scorer_types = [t for t, _ in (self.profile or default_profile(cfg)).scorers]
         if kv_events_wanted(cfg.kv_events, scorer_types):
             self.kv_events = KVEventsManager(cfg.kv_events, self.datastore)

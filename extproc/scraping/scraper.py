@@ -17,6 +17,11 @@ which only looks at the lines of these families:
 | model_names | `model_name` labels of vllm:num_requests_running | all |
 | ttft_sum_s, ttft_count | vllm:time_to_first_token_seconds_sum / _count | summed |
 | prompt_tokens | vllm:prompt_tokens_total | summed |
+| started_at | process_start_time_seconds (the engine's API server process) | the newest |
+
+A changed `started_at` is an engine restart: `Datastore.set_metrics` tells its `on_restarted`
+listeners, and the approximate index and the precise index forget what the endpoint held, before
+the new engine has published a single event (its cache is empty; stale hits would follow).
 
 Model names and LoRA adapters seen are handed to `on_models` (extproc/telemetry/labels.py: the
 model names that keep their own metric label).
@@ -67,6 +72,7 @@ LORA_INFO = b"vllm:lora_requests_info"
 TTFT_SUM = b"vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = b"vllm:time_to_first_token_seconds_count"
 PROMPT_TOKENS = b"vllm:prompt_tokens_total"
+PROCESS_START = b"process_start_time_seconds"
 
 
 class ScrapeError(Exception):
@@ -109,6 +115,9 @@ def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
     prompt_tokens = samples(body, PROMPT_TOKENS, want_labels=False)
     if prompt_tokens:
         m.prompt_tokens = sum(v for _, v in prompt_tokens)
+    started = samples(body, PROCESS_START, want_labels=False)
+    if started:
+        m.started_at = max(v for _, v in started)
     lora = samples(body, LORA_INFO)
     if lora:
         labels, _ = max(lora, key=lambda s: s[1])

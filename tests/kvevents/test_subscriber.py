@@ -9,7 +9,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from extproc.core.datastore import Datastore, EndpointSpec
+from extproc.core.datastore import Datastore, EndpointSpec, ModelServerMetrics
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.manager import KVEventsManager
 from extproc.kvevents.subscriber import Loss
@@ -98,6 +98,21 @@ async def test_late_subscriber_without_replay_is_usable_at_its_first_message() -
         assert precise_blocks(m, rep, PROMPTS[2]) == sim_blocks(rep, PROMPTS[2])
         assert precise_blocks(m, rep, PROMPTS[0]) == 0 < sim_blocks(rep, PROMPTS[0])  # stored before the join
         assert ev.usable() and m.stats.late_joins == 1 and m.stats.resyncs == {} and m.stats.gaps == 0
+
+
+async def test_a_scraped_restart_drops_the_entries_before_the_new_publisher_speaks() -> None:
+    """A restarted engine publishes nothing until it caches again, so its old entries would give stale
+    hits; the scrape's process start time says it restarted, and the entries go at once."""
+    async with events_stack(replay=False) as ev:
+        rep, m = ev.replicas[0], ev.manager
+        await complete(rep, PROMPTS[0])
+        await wait_for(lambda: precise_blocks(m, rep, PROMPTS[0]) > 0)
+        ev.datastore.set_metrics(ev.key(), ModelServerMetrics(ok=True, started_at=1000.0))
+        ev.datastore.set_metrics(ev.key(), ModelServerMetrics(ok=True, started_at=1060.0))
+        assert precise_blocks(m, rep, PROMPTS[0]) == 0 and m.index.entries == 0 and m.stats.restarts == 1
+        await complete(rep, PROMPTS[1])  # the next message starts the new sequence: no gap, no resync
+        await wait_for(lambda: precise_blocks(m, rep, PROMPTS[1]) > 0)
+        assert m.stats.gaps == 0 and m.stats.resyncs == {} and ev.usable()
 
 
 async def test_gap_without_replay_drops_entries_and_falls_back_until_fresh_events() -> None:

@@ -59,6 +59,16 @@ def test_remove_endpoint_purges_everything() -> None:
     assert ix.match(h, ["c"]) == {"c": 5}
 
 
+def test_clear_endpoint_forgets_its_blocks_and_keeps_its_capacity() -> None:
+    ix = PrefixIndex(100)
+    h = hashes(5, 8)
+    ix.set_capacity("a", 40)
+    ix.record("a", h)
+    ix.record("b", h)
+    ix.clear_endpoint("a")
+    assert ix.match(h, ["a", "b"]) == {"b": 5} and ix.held_by("a") == 0 and ix.capacity("a") == 40
+
+
 def test_set_capacity_shrinks() -> None:
     ix = PrefixIndex(100)
     ix.record("a", hashes(50, 7))

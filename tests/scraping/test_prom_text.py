@@ -72,6 +72,12 @@ def test_v0_kv_name_is_a_fallback_and_no_load_metric_is_an_error() -> None:
         parse_vllm_metrics(noise(), 0.0)  # histograms and a decoy, but no load gauge
 
 
+def test_process_start_time_is_read_and_unknown_without_it() -> None:
+    body = exposition(1, 1, with_noise=False) + b"process_start_time_seconds 1.79615401851e+09\n"
+    assert parse_vllm_metrics(body, 0.0).started_at == 1796154018.51
+    assert parse_vllm_metrics(exposition(1, 1, with_noise=False), 0.0).started_at == -1.0
+
+
 def test_auto_tune_formula() -> None:
     m = parse_vllm_metrics(exposition(0, 0, 0.0, block_size=16, num_gpu_blocks=1000, with_noise=False), 0.0)
     assert auto_tuned_capacity(m, block_size_bytes=64, bytes_per_token=4) == 1000  # 1000*16*4/64
