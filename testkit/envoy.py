@@ -7,6 +7,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from extproc.commands.envoy_config import build_config, render
 from testkit.procs import VENV_BIN, Proc, free_port, running
@@ -56,6 +57,29 @@ def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_m
     path.write_text(render(cfg))
     args = [envoy_binary(), "-c", str(path), "--concurrency", str(concurrency), "--log-level", "warning",
             "--base-id", str(listen)]
+    with running(args, tmp / f"{name}.log", wait_port=listen) as proc:
+        yield proc, listen, admin
+
+
+def plain_envoy_config(listen: int, admin: int, backends: list[str]) -> dict[str, Any]:
+    """Envoy alone: the listener routes round robin over a STATIC cluster of `backends`, no ext_proc."""
+    cfg = build_config(listen, "127.0.0.1:1", admin, epp_tls=False, endpoints=tuple(backends))
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"] = hcm["http_filters"][1:]  # router only: no ext_proc
+    cluster = cfg["static_resources"]["clusters"][1]
+    cluster.pop("load_balancing_policy")
+    cluster["lb_policy"] = "ROUND_ROBIN"
+    cfg["static_resources"]["clusters"] = [cluster]
+    return cfg
+
+
+@contextlib.contextmanager
+def run_plain_envoy(tmp: Path, backends: list[str], name: str = "envoy-rr") -> Iterator[tuple[Proc, int, int]]:
+    """Envoy alone, round robin over `backends` (`plain_envoy_config`); yields (proc, listen, admin)."""
+    listen, admin = free_port(), free_port()
+    path = tmp / f"{name}.yaml"
+    path.write_text(render(plain_envoy_config(listen, admin, backends)))
+    args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning", "--base-id", str(listen)]
     with running(args, tmp / f"{name}.log", wait_port=listen) as proc:
         yield proc, listen, admin
 

@@ -6,7 +6,7 @@ then KILL). Setups, all in front of the same replicas:
 
 - `random`, `round-robin`, `least-request`: Envoy alone, lb_policy RANDOM / ROUND_ROBIN /
   LEAST_REQUEST (Envoy's default: the less loaded of 2 random hosts) over a STATIC cluster of
-  the replicas (`plain_envoy_config`).
+  the replicas (`testkit.envoy.plain_envoy_config`).
 - `prefix-epp`: `python -m extproc serve --endpoints ... --secure-serving=false` (default
   scheduling unless `picker_args` add flags) behind Envoy configured by
   `extproc.commands.envoy_config.build_config` (full-duplex ext_proc, override_host cluster).
@@ -44,12 +44,11 @@ import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bench.lib import go_epp
 from bench.lib.oracle import BLOCK_SIZE
 from extproc.commands.envoy_config import build_config, render
-from testkit.envoy import envoy_binary
+from testkit.envoy import envoy_binary, plain_envoy_config
 from testkit.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 
 ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
@@ -78,18 +77,6 @@ class Pool:
     kv_events: list[str] = field(default_factory=list)  # per replica "tcp://events@tcp://replay" (events on)
     front: str = ""  # ip:port of the simulator's clairvoyant front (SimSettings.clairvoyant)
 
-
-
-def plain_envoy_config(listen: int, admin: int, backends: list[str]) -> dict[str, Any]:
-    """Envoy alone: the listener routes round robin over a STATIC cluster of `backends`, no ext_proc."""
-    cfg = build_config(listen, "127.0.0.1:1", admin, epp_tls=False, endpoints=tuple(backends))
-    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["http_filters"] = hcm["http_filters"][1:]  # router only: no ext_proc
-    cluster = cfg["static_resources"]["clusters"][1]
-    cluster.pop("load_balancing_policy")
-    cluster["lb_policy"] = "ROUND_ROBIN"
-    cfg["static_resources"]["clusters"] = [cluster]
-    return cfg
 
 
 def dead(procs: Sequence[Proc]) -> list[str]:

@@ -52,7 +52,8 @@ class KVEventsCollector(Collector):
             blocks.add_metric([op], n)
         yield blocks
         yield CounterMetricFamily("prefix_epp_kv_events_gaps", "Sequence gaps detected", value=st.gaps)
-        yield CounterMetricFamily("prefix_epp_kv_events_restarts", "Publisher restarts (sequence went back)",
+        yield CounterMetricFamily("prefix_epp_kv_events_restarts",
+                                  "Publisher restarts (sequence went back, or a scrape saw the engine restart)",
                                   value=st.restarts)
         replays = CounterMetricFamily("prefix_epp_kv_events_replays", "Replay requests", labels=["outcome"])
         for outcome, n in st.replays.items():

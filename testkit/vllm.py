@@ -1,0 +1,164 @@
+"""Real vLLM engines (the CPU build) on loopback addresses: started, waited for, restarted, stopped.
+
+`engines(tmp, n)` starts n `vllm serve` processes of the tiny model (testkit/vllm_env.py), the i-th
+on 127.0.0.<i + 2> with free ports, and yields them once each answers GET /health; every process
+is stopped by its process group when the block ends. A process that exits while starting fails
+at once with the end of its log. Each engine is started as the rig of the real-vLLM tests and
+benchmark needs it:
+- `--block-size 32` (the CPU attention backend needs a multiple of 32), `--enforce-eager` (no
+  graph compilation: ~20-50 s to healthy), `--max-model-len 8192`;
+- `--kv-cache-memory-bytes 16M`: 512 blocks of 32 tokens, small enough that a test evicts;
+- `--enable-prompt-tokens-details`: `usage.prompt_tokens_details.cached_tokens` in every answer;
+- KV events on a ZeroMQ PUB socket and a replay ROUTER socket. Their endpoints are `tcp://*:PORT`:
+  an endpoint that names a host makes vLLM's PUB socket connect instead of bind, so each engine
+  takes its own ports, and the picker is told them per endpoint (`Engine.spec`);
+- one core each (`VLLM_CPU_OMP_THREADS_BIND`, round robin over the machine's cores), TMPDIR and
+  VLLM_CACHE_ROOT under the test's directory, no usage reporting, no hub access;
+- `VLLM_SERVER_DEV_MODE=1`, for POST /reset_prefix_cache (a benchmark starts every router on cold
+  caches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testkit.procs import Proc, free_ports
+from testkit.vllm_env import MODEL_NAME, VllmEnv, ensure
+
+BLOCK_SIZE = 32
+KV_CACHE_BYTES = 16 * 1024 * 1024
+NUM_BLOCKS = 512  # what vLLM makes of KV_CACHE_BYTES for the tiny model (2 layers, 2 KV heads of 64, bf16)
+MAX_MODEL_LEN = 8192
+START_TIMEOUT_S = 240.0
+
+
+@dataclass
+class Engine:
+    """One `vllm serve` process and its addresses."""
+
+    env: VllmEnv
+    address: str
+    port: int
+    events_port: int
+    replay_port: int
+    workdir: Path
+    core: int
+    proc: Proc | None = None
+    starts: int = field(default=0)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    @property
+    def key(self) -> str:
+        """The endpoint as the picker and Envoy name it."""
+        return f"{self.address}:{self.port}"
+
+    @property
+    def spec(self) -> str:
+        """`--endpoints` entry with the engine's KV-event and replay sockets."""
+        return f"{self.key}@tcp://{self.address}:{self.events_port}@tcp://{self.address}:{self.replay_port}"
+
+    def args(self) -> list[str]:
+        events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{self.events_port}",
+                  "replay_endpoint": f"tcp://*:{self.replay_port}"}
+        return [str(self.env.vllm), "serve", str(self.env.model), "--served-model-name", MODEL_NAME,
+                "--host", self.address, "--port", str(self.port), "--block-size", str(BLOCK_SIZE),
+                "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+                "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--enable-prompt-tokens-details",
+                "--kv-events-config", json.dumps(events), "--disable-uvicorn-access-log"]
+
+    def environ(self) -> dict[str, str]:
+        tmp, cache = self.workdir / "tmp", self.workdir / "cache"
+        tmp.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        return {"TMPDIR": str(tmp), "VLLM_CACHE_ROOT": str(cache), "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "VLLM_SERVER_DEV_MODE": "1",
+                "HOME": str(self.workdir)}
+
+    def launch(self) -> None:
+        self.starts += 1
+        self.proc = Proc(self.args(), self.workdir / f"vllm-{self.starts}.log", env=self.environ())
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.proc.alive():
+                raise RuntimeError(f"vllm serve on {self.key} exited:\n{self.proc.log_text()[-4000:]}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(f"vllm serve on {self.key} not healthy after {timeout:.0f} s:\n"
+                           f"{self.proc.log_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(timeout=20.0)
+            self.proc = None
+
+    def restart(self) -> None:
+        """A new engine process on the same addresses: an empty cache and a new event sequence."""
+        self.stop()
+        self.launch()
+        self.wait_healthy()
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as resp:
+            body: bytes = resp.read()
+            return body
+
+    def post(self, path: str, payload: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(payload or {}).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data, {"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"POST {path} on {self.key}: {exc.code} {exc.read()[:500]!r}") from None
+        return json.loads(body) if body.strip() else None
+
+    def reset_prefix_cache(self) -> None:
+        self.post("/reset_prefix_cache")
+
+    def counter(self, name: str) -> float:
+        """Sum of a metric's samples in the engine's /metrics (e.g. `vllm:prefix_cache_hits_total`)."""
+        total = 0.0
+        for line in self.get("/metrics").decode().splitlines():
+            if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@contextlib.contextmanager
+def engines(tmp: Path, n: int = 2) -> Iterator[list[Engine]]:
+    """n engines started side by side, healthy on entry, stopped on exit."""
+    env = ensure()
+    cores = os.cpu_count() or 1
+    out = []
+    for i in range(n):
+        port, events, replay = free_ports(3)
+        workdir = tmp / f"vllm{i}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i % cores))
+    try:
+        for engine in out:
+            engine.launch()
+        for engine in out:
+            engine.wait_healthy()
+        yield out
+    finally:
+        for engine in out:
+            engine.stop()

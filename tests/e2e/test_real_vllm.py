@@ -1,0 +1,259 @@
+"""Real vLLM behind the picker: two engines of vLLM's CPU build (testkit/vllm.py), real Envoy.
+
+What the simulator cannot show is checked against the engine itself: that a prefix the picker keeps
+on one engine is what that engine's own prefix cache reuses (its `usage` and its
+vllm:prefix_cache_hits_total), that precise mode's index follows vLLM's real KV events through
+stores, evictions, a restart and a late start, that the picker computes vLLM's token ids, and that
+the scraper reads vLLM's real /metrics. The engines run the tiny random model of
+testkit/tiny_model.py with 512-block caches, one core each; every test starts from cold caches.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from extproc.config.settings import LatencyConfig
+from extproc.request.openai import Api, parse_request
+from extproc.scraping.scraper import parse_vllm_metrics
+from extproc.tokenization.tokenizer_json import HFTokenizer
+from testkit.envoy import run_envoy, run_plain_envoy
+from testkit.http_client import post
+from testkit.picker import Picker, picker_for, scrape, until, value
+from testkit.tiny_model import TEXT
+from testkit.vllm import BLOCK_SIZE, NUM_BLOCKS, Engine, engines
+from testkit.vllm_env import MODEL_NAME
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(600)]
+
+WORDS = TEXT.split()
+SERVED = "x-gateway-destination-endpoint-served"
+DECISION = "x-prefix-epp-decision"
+
+
+def text(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def completion(prompt: str, max_tokens: int = 2) -> dict[str, Any]:
+    return {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+
+
+def cached(reply: Any) -> int:
+    return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def full_blocks(reply: Any) -> int:
+    """Blocks vLLM stores for the prompt: its full ones."""
+    return int(reply["usage"]["prompt_tokens"]) // BLOCK_SIZE
+
+
+def reusable(reply: Any) -> int:
+    """Prompt tokens vLLM can take from its cache: full blocks, the last prompt token always computed."""
+    return (int(reply["usage"]["prompt_tokens"]) - 1) // BLOCK_SIZE * BLOCK_SIZE
+
+
+def decision(headers: dict[str, str]) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in headers[DECISION].split("; ") if "=" in part)
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Engine]]:
+    with engines(tmp_path_factory.mktemp("vllm"), 2) as started:
+        yield started
+
+
+@pytest.fixture
+def cold(both: list[Engine]) -> list[Engine]:
+    for engine in both:
+        engine.reset_prefix_cache()
+    return both
+
+
+def hits(es: list[Engine]) -> float:
+    return sum(e.counter("vllm:prefix_cache_hits_total") for e in es)
+
+
+async def send(url: str, payloads: list[dict[str, Any]]) -> list[tuple[dict[str, str], Any]]:
+    """One request at a time (each decision sees the previous one's cache), in order."""
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for payload in payloads:
+            reply = await post(session, f"{url}/v1/completions", payload)
+            assert reply.status == 200, reply.body[:500]
+            out.append((reply.headers, reply.json()))
+    return out
+
+
+# Three groups of four requests, interleaved: each group shares a ~900-token system prompt and asks
+# its own question. Round robin over two engines alternates a group between them (3 is odd).
+GROUPS = 3
+ROUNDS = 4
+PROMPTS = [[text(100 + g, 900) + " " + text(1000 + 10 * g + r, 30) for r in range(ROUNDS)] for g in range(GROUPS)]
+INTERLEAVED = [completion(PROMPTS[g][r]) for r in range(ROUNDS) for g in range(GROUPS)]
+
+
+async def test_a_shared_prefix_stays_on_one_engine_whose_cache_reuses_it(cold: list[Engine], tmp_path: Path) -> None:
+    picker = picker_for(tmp_path, [e.key for e in cold])
+    picker.start()
+    try:
+        before = hits(cold)
+        with run_envoy(tmp_path, picker.grpc_port) as (_, listen, _):
+            replies = await send(f"http://127.0.0.1:{listen}", INTERLEAVED)
+        routed = hits(cold) - before
+    finally:
+        picker.stop()
+    served = [headers[SERVED] for headers, _ in replies]
+    for g in range(GROUPS):
+        group = [served[r * GROUPS + g] for r in range(ROUNDS)]
+        assert len(set(group)) == 1, f"group {g} spread over {group}"
+        later = [replies[r * GROUPS + g][1] for r in range(1, ROUNDS)]
+        assert all(cached(reply) >= 0.9 * reply["usage"]["prompt_tokens"] for reply in later), later
+    assert routed == sum(cached(reply) for _, reply in replies)  # the engines' own counters agree
+    assert len(set(served)) == 2  # both engines used
+
+    for engine in cold:
+        engine.reset_prefix_cache()
+    before = hits(cold)
+    with run_plain_envoy(tmp_path, [e.key for e in cold]) as (_, listen, _):
+        rr = await send(f"http://127.0.0.1:{listen}", INTERLEAVED)
+    round_robin = hits(cold) - before
+    assert round_robin == sum(cached(reply) for _, reply in rr)
+    # Round robin recomputes each group's prompt on the second engine it reaches: 2 cold of 4.
+    assert routed > 1.3 * round_robin > 0, (routed, round_robin)
+
+
+def precise_picker(tmp_path: Path, es: list[Engine], name: str = "picker") -> Picker:
+    return picker_for(tmp_path, [e.spec for e in es], "--prefix-scorer", "precise",
+                      "--tokenizer", str(es[0].env.tokenizer_json), "--explain-decisions", name=name)
+
+
+async def entries_at_least(picker: Picker, n: float) -> None:
+    await until(picker, lambda s: value(s, "prefix_epp_kv_events_index_entries") >= n, timeout=30)
+
+
+async def test_precise_index_follows_real_events_through_eviction_and_restart(
+        cold: list[Engine], tmp_path: Path) -> None:
+    picker = precise_picker(tmp_path, cold)
+    picker.start()
+    try:
+        with run_envoy(tmp_path, picker.grpc_port) as (_, listen, _):
+            url = f"http://127.0.0.1:{listen}"
+            prompt = text(7, 1500)
+            [(headers, first)] = await send(url, [completion(prompt)])
+            k = full_blocks(first)
+            x = next(e for e in cold if e.key == headers[SERVED])
+            y = next(e for e in cold if e is not x)
+            await entries_at_least(picker, k)
+            [(headers, again)] = await send(url, [completion(prompt)])
+            # The index holds what vLLM stored: every full block of the prompt, under our own keys.
+            assert decision(headers)["endpoint"] == x.key and decision(headers)["precise"] == f"{k}/{k}"
+            assert cached(again) == reusable(again)
+
+            # Y computes the prompt too; then X's cache is flooded past its 512 blocks, evicting it.
+            assert cached(y.post("/v1/completions", completion(prompt))) == 0
+            await entries_at_least(picker, 2 * k)
+            flood = [x.post("/v1/completions", completion(text(2000 + i, 1500))) for i in range(14)]
+            stored_on_x = k + sum(full_blocks(r) for r in flood)
+            assert stored_on_x > NUM_BLOCKS + k  # the newest 512 blocks on X are all the flood's
+            await until(picker, lambda s: value(s, "prefix_epp_kv_events_blocks_total", op="removed")
+                        >= stored_on_x - NUM_BLOCKS, timeout=30)
+            [(headers, moved)] = await send(url, [completion(prompt)])
+            assert decision(headers)["endpoint"] == y.key and decision(headers)["precise"] == f"{k}/{k}"
+            assert cached(moved) == reusable(moved)  # and Y did hold it
+
+            # X restarts: its cache is empty, and the picker knows before X publishes anything.
+            last = text(2013, 1500)
+            restarts = value(scrape(picker), "prefix_epp_kv_events_restarts_total")
+            x.restart()
+            await until(picker, lambda s: value(s, "prefix_epp_kv_events_restarts_total") > restarts, timeout=30)
+            [(headers, after)] = await send(url, [completion(last)])
+            assert decision(headers)["precise"].startswith("0/"), headers[DECISION]  # no stale hit on X
+            assert cached(after) == 0
+    finally:
+        picker.stop()
+
+
+async def test_a_picker_started_beside_running_engines_recovers_what_they_cached(
+        cold: list[Engine], tmp_path: Path) -> None:
+    x = cold[0]
+    prompt = text(31, 1200)
+    k = full_blocks(x.post("/v1/completions", completion(prompt)))  # before any picker runs
+    picker = precise_picker(tmp_path, cold, name="late-picker")
+    picker.start()
+    try:
+        samples = await until(picker, lambda s: value(s, "prefix_epp_kv_events_replays_total",
+                                                      outcome="recovered") >= 2, timeout=30)
+        assert value(samples, "prefix_epp_kv_events_late_joins_total") == 0
+        assert value(samples, "prefix_epp_kv_events_resyncs_total", reason="gap") == 0
+        with run_envoy(tmp_path, picker.grpc_port, name="late-envoy") as (_, listen, _):
+            [(headers, reply)] = await send(f"http://127.0.0.1:{listen}", [completion(prompt)])
+        assert decision(headers)["endpoint"] == x.key and decision(headers)["precise"] == f"{k}/{k}"
+        assert cached(reply) == reusable(reply)
+    finally:
+        picker.stop()
+
+
+CHATS = [
+    [{"role": "user", "content": "hello world"}],
+    [{"role": "system", "content": text(5, 200)}, {"role": "user", "content": "what is the number of words"},
+     {"role": "assistant", "content": text(6, 40)}, {"role": "user", "content": "and then? ünïcödé, 数字 42"}],
+]
+PROMPT_TEXTS = ["hello world", text(8, 500), "  leading spaces, tabs\tand\nnew lines; émoji 🙂 and 数字 12345"]
+
+
+def test_token_ids_equal_vllms_for_completions_and_chat(both: list[Engine]) -> None:
+    """Precise routing is only as right as its tokens: the picker's tokenizer.json path (with the
+    model's own chat template) against vLLM's /tokenize, which renders and encodes as serving does."""
+    engine = both[0]
+    tok = HFTokenizer(str(engine.env.tokenizer_json))
+    assert tok.has_model_template
+    for prompt in PROMPT_TEXTS:
+        ours = tok.encode(parse_request(Api.COMPLETIONS, _json(completion(prompt))))
+        assert ours == engine.post("/tokenize", {"model": MODEL_NAME, "prompt": prompt})["tokens"], prompt
+    for messages in CHATS:
+        body = {"model": MODEL_NAME, "messages": messages}
+        ours = tok.encode(parse_request(Api.CHAT, _json(body)))
+        theirs = engine.post("/tokenize", {**body, "add_generation_prompt": True})["tokens"]
+        assert ours == theirs, messages
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+async def test_scraper_reads_real_metrics_and_calibration_learns_the_engines_cost(
+        cold: list[Engine], tmp_path: Path) -> None:
+    engine = cold[0]
+    m = parse_vllm_metrics(engine.get("/metrics"), now=0.0)
+    assert m.ok and m.block_size == BLOCK_SIZE and m.num_gpu_blocks == NUM_BLOCKS and m.started_at > 0
+    assert m.waiting == 0 and m.running == 0 and m.model_names == frozenset({MODEL_NAME})
+    assert m.ttft_count >= 0 and m.prompt_tokens >= 0
+
+    # One engine behind the picker, so that all the traffic calibrates it. The prior (Llama-3-8B on
+    # an H100) is far from this engine, and each window of MIN_FIRST_TOKENS first tokens moves the
+    # slowdown by ALPHA of the way: 64 requests give it eight windows.
+    picker = picker_for(tmp_path, [engine.key])
+    picker.start()
+    try:
+        first = parse_vllm_metrics(engine.get("/metrics"), now=0.0)
+        with run_envoy(tmp_path, picker.grpc_port) as (_, listen, _):
+            replies = await send(f"http://127.0.0.1:{listen}", [completion(text(3000 + i, 1200)) for i in range(64)])
+        last = parse_vllm_metrics(engine.get("/metrics"), now=0.0)
+        samples = await until(picker, lambda s: value(s, "prefix_epp_endpoint_ttft_slowdown",
+                                                      endpoint=engine.key) not in (0.0, 1.0), timeout=20)
+    finally:
+        picker.stop()
+    assert all(cached(r) == 0 for _, r in replies)  # every prompt new: what was measured is prefill
+    assert last.ttft_count - first.ttft_count == len(replies)
+    measured = 1000 * (last.ttft_sum_s - first.ttft_sum_s) / (last.prompt_tokens - first.prompt_tokens)  # ms/token
+    learned = LatencyConfig().prefill_ms_per_token * value(samples, "prefix_epp_endpoint_ttft_slowdown",
+                                                           endpoint=engine.key)
+    assert measured / 2 <= learned <= measured * 2, (learned, measured)
