@@ -4,6 +4,7 @@
 |---|---|---|
 | prefix_epp_kv_events_index_entries | gauge | - (confirmed (source, block) entries) |
 | prefix_epp_kv_events_index_bytes | gauge | - (entries x measured bytes per entry) |
+| prefix_epp_kv_events_block_size | gauge | - (engine tokens per block of the request keys) |
 | prefix_epp_kv_events_endpoint_usable | gauge | endpoint (0: scored by the approximate index) |
 | prefix_epp_kv_events_messages_total | counter | - |
 | prefix_epp_kv_events_events_total | counter | type (BlockStored, BlockRemoved, AllBlocksCleared, unknown) |
@@ -34,6 +35,9 @@ class KVEventsCollector(Collector):
                                 value=idx.entries)
         yield GaugeMetricFamily("prefix_epp_kv_events_index_bytes", "Estimated memory of the precise index",
                                 value=idx.approx_bytes())
+        yield GaugeMetricFamily("prefix_epp_kv_events_block_size", "Engine tokens per block that requests are "
+                                "keyed with (scraped, else from events, else --kv-events-block-size)",
+                                value=m.block_size)
         usable = GaugeMetricFamily("prefix_epp_kv_events_endpoint_usable",
                                    "1 when the endpoint's KV events are usable for precise scoring",
                                    labels=["endpoint"])

@@ -130,9 +130,18 @@ async def test_a_shared_prefix_stays_on_one_engine_whose_cache_reuses_it(cold: l
     assert routed > 1.3 * round_robin > 0, (routed, round_robin)
 
 
-def precise_picker(tmp_path: Path, es: list[Engine], name: str = "picker") -> Picker:
-    return picker_for(tmp_path, [e.spec for e in es], "--prefix-scorer", "precise",
-                      "--tokenizer", str(es[0].env.tokenizer_json), "--explain-decisions", name=name)
+async def precise_picker(tmp_path: Path, es: list[Engine], name: str = "picker") -> Picker:
+    """A started picker in precise mode that keys requests at the engines' block size: scraped from
+    vllm:cache_config_info (the flag's default, 16, is vLLM's GPU default; these engines use 32)."""
+    picker = picker_for(tmp_path, [e.spec for e in es], "--prefix-scorer", "precise",
+                        "--tokenizer", str(es[0].env.tokenizer_json), "--explain-decisions", name=name)
+    picker.start()
+    try:
+        await until(picker, lambda s: value(s, "prefix_epp_kv_events_block_size") == BLOCK_SIZE, timeout=10)
+    except BaseException:
+        picker.stop()
+        raise
+    return picker
 
 
 async def entries_at_least(picker: Picker, n: float) -> None:
@@ -141,8 +150,7 @@ async def entries_at_least(picker: Picker, n: float) -> None:
 
 async def test_precise_index_follows_real_events_through_eviction_and_restart(
         cold: list[Engine], tmp_path: Path) -> None:
-    picker = precise_picker(tmp_path, cold)
-    picker.start()
+    picker = await precise_picker(tmp_path, cold)
     try:
         with run_envoy(tmp_path, picker.grpc_port) as (_, listen, _):
             url = f"http://127.0.0.1:{listen}"
@@ -186,8 +194,7 @@ async def test_a_picker_started_beside_running_engines_recovers_what_they_cached
     x = cold[0]
     prompt = text(31, 1200)
     k = full_blocks(x.post("/v1/completions", completion(prompt)))  # before any picker runs
-    picker = precise_picker(tmp_path, cold, name="late-picker")
-    picker.start()
+    picker = await precise_picker(tmp_path, cold, name="late-picker")
     try:
         samples = await until(picker, lambda s: value(s, "prefix_epp_kv_events_replays_total",
                                                       outcome="recovered") >= 2, timeout=30)
