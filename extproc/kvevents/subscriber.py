@@ -11,10 +11,9 @@ Sequence numbers (8-byte big-endian, 0, 1, 2, ... per publisher), with `next` th
   endpoint, ask it for everything from `next` (DEALER; send ["", start as 8-byte big-endian];
   read [topic, seq, payload] after the empty delimiter until seq = -1, each read bounded by
   `replay_timeout_s`, 1 s; vLLM sends the topic frame, a reply without it is read as well). A
-  replay that starts at `next` and is contiguous
-  recovers exactly; queued live messages it already covered are skipped as duplicates. Otherwise
-  (no replay, timeout, buffer no longer reaching back) *resync*: drop this source's entries and
-  mark it uncertain, then apply what arrived.
+  replay that starts at `next` and is contiguous recovers exactly; queued live messages it already
+  covered are skipped as duplicates. Otherwise (no replay, timeout, buffer no longer reaching
+  back) *resync*: drop this source's entries and mark it uncertain, then apply what arrived.
 - seq < next: a new publisher (engine restart: its cache is empty): drop the entries and start
   over at this sequence (0 is complete; anything else is also a gap from 0).
 - the first message heard from a publisher that has run before (seq > 0, nothing of it held): a
