@@ -134,8 +134,10 @@ def test_root_is_read_only_and_not_writable_by_the_user(rootfs: Path, image: dic
 def started(rootfs: Path, image: dict[str, Any], tmp: Path, name: str, argv: list[str], port: int) -> Iterator[Proc]:
     proc = Proc(in_image(rootfs, image, argv), tmp / f"{name}.log")
     try:
-        wait_for_port(port, timeout=30)
-        assert proc.alive(), proc.log_text()
+        try:
+            wait_for_port(port, timeout=30, proc=proc.popen)  # an exit fails at once
+        except (RuntimeError, TimeoutError) as exc:
+            raise AssertionError(f"{name} did not start: {exc}\n{proc.log_text()[-3000:]}") from None
         yield proc
     finally:
         proc.stop()
@@ -143,8 +145,9 @@ def started(rootfs: Path, image: dict[str, Any], tmp: Path, name: str, argv: lis
 
 async def test_picker_and_simulator_start_from_the_image_and_route(
         rootfs: Path, image: dict[str, Any], tmp_path: Path) -> None:
-    sim_port, grpc_port, health_port, metrics_port = free_ports(4)
-    sim = ["prefix-epp", "sim", "--host", "127.0.0.1", "--port", str(sim_port), "--model", "demo"]
+    sim_port, events_port, replay_port, grpc_port, health_port, metrics_port = free_ports(6)
+    sim = ["prefix-epp", "sim", "--host", "127.0.0.1", "--port", str(sim_port), "--model", "demo",
+           "--kv-events-port-base", str(events_port), "--kv-events-replay-port-base", str(replay_port)]
     picker = ["prefix-epp", "serve", "--endpoints", f"127.0.0.1:{sim_port}", "--bind-address", "127.0.0.1",
               "--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port),
               "--metrics-port", str(metrics_port)]  # TLS on: the image's default
