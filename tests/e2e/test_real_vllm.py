@@ -117,7 +117,6 @@ async def test_a_shared_prefix_stays_on_one_engine_whose_cache_reuses_it(cold: l
         later = [replies[r * GROUPS + g][1] for r in range(1, ROUNDS)]
         assert all(cached(reply) >= 0.9 * reply["usage"]["prompt_tokens"] for reply in later), later
     assert routed == sum(cached(reply) for _, reply in replies)  # the engines' own counters agree
-    assert len(set(served)) == 2  # both engines used
 
     for engine in cold:
         engine.reset_prefix_cache()
