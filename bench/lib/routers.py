@@ -70,10 +70,10 @@ class Router:
 
 @dataclass(frozen=True)
 class Pool:
-    """Simulated replicas: their ip:port, and the one process hosting them all."""
+    """The replicas: their ip:port, and the processes hosting them (one simulator, or the engines)."""
 
     addresses: list[str]
-    proc: Proc
+    procs: tuple[Proc, ...]
     kv_events: list[str] = field(default_factory=list)  # per replica "tcp://events@tcp://replay" (events on)
     front: str = ""  # ip:port of the simulator's clairvoyant front (SimSettings.clairvoyant)
 
@@ -143,7 +143,7 @@ def sim_replicas(tmp: Path, sim: SimSettings) -> Iterator[Pool]:
             wait_for_port(base + i, proc=proc.popen)
         if front:
             wait_for_port(front, proc=proc.popen)
-        yield Pool([f"127.0.0.1:{base + i}" for i in range(n)], proc, events, f"127.0.0.1:{front}" if front else "")
+        yield Pool([f"127.0.0.1:{base + i}" for i in range(n)], (proc,), events, f"127.0.0.1:{front}" if front else "")
 
 
 @contextlib.contextmanager
