@@ -20,7 +20,9 @@ Writes to --out-dir (bench/results; `bench.lib.report`): {name}.json (config, or
 each repetition's own report, the same files named {name}-r{k}, under runs/; and per-request
 records under raw/ (not committed). `name` is "bench", or "bench-quick" with --quick. After every
 run runs/{name}-r{k} holds repetition k so far, after every repetition {name} holds all so far,
-so a long run that dies keeps what it measured.
+so a long run that dies keeps what it measured. Each summary also carries `cpu_busy` (the
+machine's CPU use during the run) and `start_lag_p99_ms` (how late the client sent against the
+plan): both flag a machine too busy to trust the figures. The run prints its estimated length.
 
 `--backend vllm` runs the same matrix on 2 real vLLM engines instead (`bench.lib.vllm_backend`:
 vLLM's CPU build and a tiny model, started once for the whole matrix, both prefix caches reset
@@ -28,9 +30,8 @@ and both engines idle before every run): the vLLM-sized workloads (`VLLM_WORKLOA
 `bench.lib.workloads`), the oracle at the engines' block size over the model's real token ids,
 and beside the usage-based hit rate the engines' own (their prefix-cache counters); results go
 to bench-vllm by default. The clairvoyant reference reads the simulator's true caches, so it is
-sim-only; `--replicas` and `--time-scale` do not apply. Each summary also carries `cpu_busy` (the
-machine's CPU use during the run) and `start_lag_p99_ms` (how late the client sent against the
-plan): both flag a machine too busy to trust the figures. The run prints its estimated length.
+sim-only; `--replicas` and `--time-scale` do not apply. A router setup that fails against the
+engines is reported under "Not run" with its error and skipped for the rest of the matrix.
 
     python -m bench.run --repeat 3            # `make bench`: 7 workloads x 7 routers x 3 = 147 runs, ~2 h on 2 cores
     python -m bench.run --quick               # a third of the requests, one repetition, ~20 min
@@ -85,6 +86,13 @@ RUN_OVERHEAD_S = 8.0  # per run, on top of the planned load: start the setup, pr
 def candidates_of(routers: Sequence[str]) -> list[str]:
     """The setups the goals are checked for: prefix-epp and its variants (not the peers or references)."""
     return [r for r in routers if r.startswith("prefix-epp")]
+
+
+def failure(exc: BaseException) -> str:
+    """The first line of an exception and the last line of the log it quotes, for a table note."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    head = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+    return f"{head} ... {lines[-1][:200]}" if len(lines) > 1 else head
 
 
 def estimate_s(workloads: Sequence[Workload], routers: int, repeat: int) -> float:
@@ -179,9 +187,20 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             for wname, workload in built.items():
                 for router in routers:
                     done += 1
+                    if router.label in config.get("not_run", {}):
+                        continue
                     t0 = time.monotonic()
-                    outcome = run_retrying(Path(tmp_root) / f"{wname}-{done}", workload, router, sims[wname], log,
-                                           backend=engines)
+                    try:
+                        outcome = run_retrying(Path(tmp_root) / f"{wname}-{done}", workload, router, sims[wname],
+                                               log, backend=engines)
+                    except Exception as exc:
+                        if engines is None:
+                            raise
+                        # Real engines: a setup that cannot run against them is reported, not fatal.
+                        why = f"failed against real vLLM on {wname} (repetition {k}): {failure(exc)}"
+                        config.setdefault("not_run", {})[router.label] = why
+                        log(f"  {router.label} not run from here on: {why}")
+                        continue
                     s = outcome.summary
                     rep.setdefault(wname, {})[router.label] = s
                     samples = [r.ttft_s * 1000 for r in outcome.run.requests if r.ok and r.ttft_s is not None]

@@ -8,8 +8,9 @@ Every run of the matrix then goes through `VllmBackend`:
    `vllm:num_requests_waiting` 0 in their /metrics), reset both prefix caches (cold caches for
    every router) and yield them as a `bench.lib.routers.Pool` with their KV-event endpoints
    ("tcp://events@tcp://replay"), so the prefix-epp setups subscribe exactly as to simulated
-   replicas; `picker_args` gives those setups the model's tokenizer.json (`--tokenizer`), which
-   precise routing needs to compute the engines' token ids;
+   replicas; `picker_args` gives those setups what a deployment on these engines configures:
+   the model's tokenizer.json (`--tokenizer`; precise routing computes the engines' token ids)
+   and their block size (`--kv-events-block-size 32`, before the picker scrapes it);
 2. `mark()` after the router's probe, `figures(mark)` after the load: wait idle again and take
    the engines' own counters' deltas (`engine_figures`).
 
@@ -93,7 +94,7 @@ class VllmBackend:
 
     @property
     def picker_args(self) -> tuple[str, ...]:
-        return ("--tokenizer", str(self.tokenizer_json))
+        return ("--tokenizer", str(self.tokenizer_json), "--kv-events-block-size", str(BLOCK_SIZE))
 
     def wait_idle(self, timeout: float = IDLE_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout

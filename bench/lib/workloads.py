@@ -49,7 +49,8 @@ Real vLLM (`--backend vllm`, `build(..., backend="vllm")`): `VLLM_WORKLOADS` siz
 testkit/vllm.py (512 blocks x 32 tokens = 16,384 tokens of KV cache, one CPU core each). The
 tiny model's byte-level BPE splits a bench word into ~4.1 tokens (measured with its tokenizer.json),
 so sizes below are words, with real tokens in brackets; every request adds `VLLM_SAMPLING`
-(temperature 0, ignore_eos: the same answer on either engine, exactly `max_tokens` tokens):
+(temperature 0, ignore_eos, skip_special_tokens false: the same answer on either engine, exactly
+`max_tokens` tokens, none of them streamed as empty text):
 - `shared-prefix`: 10 groups x 15, system 480 words (~2,000 tokens, 62 blocks), question 100
   (~420): prompts ~2,400 tokens; prefix working set ~620 blocks, 1.2x one engine, 0.6x the pool;
   16 output tokens; 6 requests per second (150 requests, ~25 s).
@@ -369,7 +370,8 @@ def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> W
 
 
 VLLM_WORKLOADS = ("shared-prefix", "multi-turn", "cache-pressure")
-VLLM_SAMPLING: tuple[tuple[str, Any], ...] = (("temperature", 0.0), ("ignore_eos", True))
+VLLM_SAMPLING: tuple[tuple[str, Any], ...] = (("temperature", 0.0), ("ignore_eos", True),
+                                              ("skip_special_tokens", False))
 # Words, not real tokens (module docstring); rates calibrated with round-robin on 2 engines.
 VLLM_PARAMS: Mapping[str, SharedPrefixParams | MultiTurnParams] = {
     "shared-prefix": SharedPrefixParams(groups=10, per_group=15, system_tokens=480, question_tokens=100,
