@@ -1,19 +1,29 @@
 """The real-vLLM backend's arithmetic and bookkeeping, without an engine: the engines' hit rate and
 request counts from their counters, those counts as the load columns when no response names its
-engine, what the tables say, and the clairvoyant reference refused under `--backend vllm`."""
+engine, what the tables say, the clairvoyant reference refused under `--backend vllm`, and a
+matrix that goes on when one setup fails against the engines."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench import run
+from bench.lib import vllm_backend
+from bench.lib.client import RequestResult, RunResult
+from bench.lib.oracle import OracleResult
 from bench.lib.report import write_results
+from bench.lib.routers import SimSettings
+from bench.lib.runner import Outcome, RouterSpec
 from bench.lib.stats import with_engine_load
 from bench.lib.tables import results_table
 from bench.lib.vllm_backend import Counters, busy, counters, engine_figures, engine_info
+from bench.lib.workloads import build
 
 METRICS = b"""# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter
@@ -99,3 +109,40 @@ def test_real_vllm_has_sized_workloads_for_three_workloads_only(capsys: pytest.C
     with pytest.raises(SystemExit):
         run.main(["--backend", "vllm", "--workloads", "bursts", "--routers", "random"])
     assert "vLLM-sized workloads" in capsys.readouterr().err
+
+
+def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[Path] = []
+
+    @contextlib.contextmanager
+    def fake_engines(tmp: Path) -> Iterator[object]:
+        started.append(tmp)
+        yield object()
+
+    def fake_run(_tmp: Path, _w: object, router: RouterSpec, _sim: object, _log: object,
+                 backend: object = None) -> Outcome:
+        assert backend is not None
+        if router.name == "sglang-router":
+            raise RuntimeError("sglang-router exited\nlog line 1\nerror: no workers")
+        row = {**_summary(0.5, 0.6), "engine_requests": {"a": 5, "b": 5}, "cpu_busy": 0.5}
+        return Outcome(row, RunResult([RequestResult(0, 0, "x", 0.0, 0.0, 200, 0.1, 1.0, 100, 0, 10)], 1.0))
+
+    wl = build("no-reuse", quick=True)
+    draw = run.Draw({"shared-prefix": wl}, {"shared-prefix": OracleResult(100, 50, 10, 5)},
+                    {"shared-prefix": SimSettings(replicas=2, kv_cache_blocks=512, block_size=32)})
+    monkeypatch.setattr(run.Draw, "of", classmethod(lambda cls, *a, **k: draw))
+    monkeypatch.setattr(vllm_backend, "started", fake_engines)
+    monkeypatch.setattr(run, "run_retrying", fake_run)
+    run.run_all(["shared-prefix"], [RouterSpec("random"), RouterSpec("sglang-router")], quick=False, replicas=4,
+                load=1.0, time_scale=1.0, out_dir=tmp_path, name="v", log=lambda line: None, repeat=2,
+                backend="vllm")
+    assert len(started) == 1  # once for the whole matrix
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["config"]["backend"] == "vllm" and doc["config"]["replicas"] == 2
+    assert doc["config"]["not_run"]["sglang-router"] == (
+        "failed against real vLLM on shared-prefix (repetition 1): RuntimeError: sglang-router exited ... "
+        "error: no workers")
+    assert [list(r["shared-prefix"]) for r in doc["repetitions"]] == [["random"], ["random"]]
+    md = (tmp_path / "v.md").read_text()
+    assert md.startswith("Engines: 2 real vLLM engines") and "Not run: sglang-router: failed" in md
