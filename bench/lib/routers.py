@@ -35,6 +35,10 @@ Replicas: `prefix-epp sim` with one process for all replicas on consecutive port
 are on only for the routers in KV_EVENT_ROUTERS (the prefix-epp setups; replica i publishes on
 tcp://127.0.0.1:E+i, replay on R+i) and off (`--no-kv-events`) for the others, which cannot use
 them and should not pay the simulator's publishing CPU.
+
+Real engines (`--backend vllm`, `bench.lib.vllm_backend`): the same setups in front of two `vllm
+serve` processes on 127.0.0.2 and 127.0.0.3 (a `Pool` of their addresses, processes and KV-event
+sockets, which they publish for every setup); `clairvoyant` has no counterpart there.
 """
 
 from __future__ import annotations
