@@ -137,7 +137,7 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     with replicas as pool:
         say(f"[{router.label}] starting the router ({ROUTER_PARTS.get(router.name, router.name)})")
         with start(router.name, tmp, pool.addresses, picker_args, pool.kv_events, pool.front) as handle:
-            asyncio.run(client.probe(handle.url))
+            asyncio.run(client.probe(handle.url, sampling=dict(workload.sessions[0].sampling)))
             say(f"[{router.label}] sending {workload.requests} requests over ~{workload.duration_s:.0f} s")
             mark = backend.mark() if backend else []
             busy0, total0 = _cpu_busy()

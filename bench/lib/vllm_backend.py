@@ -3,7 +3,9 @@
 `started(tmp)` starts ENGINES (2) real `vllm serve` processes of the tiny model once for the whole
 matrix (`testkit.vllm.engines`: vLLM's CPU build, 512 blocks x 32 tokens of KV cache and one core
 each, KV events on), serving it as `bench.lib.workloads.MODEL`, the name the bench's requests use.
-Every run of the matrix then goes through `VllmBackend`:
+Each engine first computes one long prompt directly (`warm`): here, an engine whose very first
+forward pass was a few-token prompt (the routers' probe) lost its CPU worker to SIGILL, while
+the same probe after one long prompt runs. Every run of the matrix then goes through `VllmBackend`:
 1. `pool()`: wait until both engines are idle (`vllm:num_requests_running` and
    `vllm:num_requests_waiting` 0 in their /metrics), reset both prefix caches (cold caches for
    every router) and yield them as a `bench.lib.routers.Pool` with their KV-event endpoints
@@ -34,6 +36,7 @@ from typing import Any
 from bench.lib.routers import Pool
 from bench.lib.workloads import MODEL
 from extproc.scraping.prom_text import samples
+from testkit.tiny_model import TEXT
 from testkit.vllm import BLOCK_SIZE, NUM_BLOCKS, Engine, engines
 from testkit.vllm_env import pinned
 
@@ -82,6 +85,13 @@ def engine_info() -> dict[str, Any]:
             "kv_cache_blocks": NUM_BLOCKS, "block_size": BLOCK_SIZE}
 
 
+def warm(engine: Engine) -> None:
+    """One ~1,200-token prompt, greedy, straight to the engine (module docstring)."""
+    words = TEXT.split()
+    engine.post("/v1/completions", {"model": engine.served_model_name, "max_tokens": 2, "temperature": 0,
+                                    "prompt": " ".join(words[i % len(words)] for i in range(300))})
+
+
 class VllmBackend:
     """The started engines, prepared before every run and read after it (module docstring)."""
 
@@ -109,6 +119,7 @@ class VllmBackend:
         for engine in self.engines:
             if engine.proc is None or not engine.proc.alive():
                 engine.restart()  # died in an earlier run: a fresh process on the same addresses
+                warm(engine)
         self.wait_idle()
         for engine in self.engines:
             engine.reset_prefix_cache()
@@ -127,4 +138,6 @@ class VllmBackend:
 def started(tmp: Path) -> Iterator[VllmBackend]:
     """ENGINES engines serving MODEL, healthy on entry, stopped on exit (~30 s to start)."""
     with engines(tmp, ENGINES, served_model_name=MODEL) as started_engines:
+        for engine in started_engines:
+            warm(engine)
         yield VllmBackend(started_engines)
