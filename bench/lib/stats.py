@@ -16,6 +16,10 @@
   (`..._predicted_within_one_block_total / ..._predictions_total`) and the mean absolute error in
   tokens (`..._prediction_error_tokens_sum / _count`).
 - `summarize`: one router on one workload -> the row of the results table.
+- `with_engine_load(row, engine_hit_rate, engine_requests)`: a real-vLLM row (bench.lib.vllm_backend)
+  with the engines' own hit rate beside the usage-based one, and, when no response named the replica
+  that served it (`requests_per_replica` empty but for idle replicas), the load-balance columns from the
+  engines' finished-request counters instead.
 
 The goals checked against those rows live in `bench.lib.targets`.
 """
@@ -169,3 +173,13 @@ def summarize(results: Sequence[RequestResult], wall_s: float, replicas: Sequenc
         if accuracy:
             row["prediction"] = accuracy
     return row
+
+
+def with_engine_load(row: dict[str, Any], engine_hit_rate: float, engine_requests: dict[str, int]) -> dict[str, Any]:
+    """`row` plus the engines' own figures (module docstring); the row itself is not changed."""
+    out = {**row, "engine_hit_rate": engine_hit_rate, "engine_requests": dict(engine_requests)}
+    if not any(row["requests_per_replica"].values()):
+        load = ReplicaLoad(dict(engine_requests))
+        out |= {"requests_per_replica": load.counts, "replica_max": load.max, "replica_mean": round(load.mean, 2),
+                "replica_max_over_mean": round(load.max_over_mean, 3), "load_from": "engine counters"}
+    return out

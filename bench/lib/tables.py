@@ -38,15 +38,19 @@ def _ms2(value: float) -> str:
 
 def results_table(summaries: Rows, oracle: Mapping[str, float],
                   spreads: Mapping[str, Mapping[str, Spread]] | None = None) -> str:
+    """With real engines (rows with `engine_hit_rate`) an "engine hit rate" column follows "hit rate"."""
+    engines = any("engine_hit_rate" in r for rows in summaries.values() for r in rows.values())
     lines = [
-        "| workload | router | hit rate | of oracle | prefill work (s) | TTFT p50 | p90 | p99 | e2e p50 | p99 "
+        "| workload | router | hit rate | " + ("engine hit rate | " if engines else "") + "of oracle "
+        "| prefill work (s) | TTFT p50 | p90 | p99 | e2e p50 | p99 "
         "| output tok/s | load max/mean | errors | decision p50 / p99 (ms) | router CPU ms/req |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|" + ("---:|" if engines else "") + "---:|" * 12,
     ]
     for workload, rows in summaries.items():
         bound = oracle.get(workload, 0.0)
         if bound:
-            lines.append(f"| {workload} | *oracle (infinite cache)* | {bound:.1%} | 100% | | | | | | | | | | | |")
+            lines.append(f"| {workload} | *oracle (infinite cache)* | {bound:.1%} | " + ("| " if engines else "")
+                         + "100% | | | | | | | | | | | |")
         for router, r in rows.items():
             spread = (spreads or {}).get(workload, {}).get(router, {})
 
@@ -57,8 +61,9 @@ def results_table(summaries: Rows, oracle: Mapping[str, float],
             d = r.get("decision_ms")
             decision = f"{c('decision_ms.p50', d['p50'], _ms2)} / {c('decision_ms.p99', d['p99'], _ms2)}" if d else ""
             t, e = r["ttft_ms"], r["e2e_ms"]
+            engine = f" {c('engine_hit_rate', r.get('engine_hit_rate', float('nan')), _pct)} |" if engines else ""
             lines.append(
-                f"| {workload} | {router} | {c('hit_rate', r['hit_rate'], _pct)} | {of_oracle} "
+                f"| {workload} | {router} | {c('hit_rate', r['hit_rate'], _pct)} |{engine} {of_oracle} "
                 f"| {fmt(r['prefill_work_s'])} | {c('ttft_ms.p50', t['p50'])} | {c('ttft_ms.p90', t['p90'])} "
                 f"| {c('ttft_ms.p99', t['p99'])} | {c('e2e_ms.p50', e['p50'])} | {c('e2e_ms.p99', e['p99'])} "
                 f"| {fmt(r['output_tokens_per_s'])} | {c('replica_max_over_mean', r['replica_max_over_mean'], _ratio)} "

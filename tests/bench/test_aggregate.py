@@ -99,7 +99,7 @@ def test_repeated_results_files_and_render_only(tmp_path: Path) -> None:
 
 
 def test_each_repetition_report_goes_under_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake_run(*_args: object) -> Outcome:
+    def fake_run(*_args: object, **_kwargs: object) -> Outcome:
         answered = RequestResult(0, 0, "x", 0.0, 0.0, 200, 0.1, 1.0, 100, 0, 10, "x:1", "")
         return Outcome(summary(0.5, 1000.0, {"x:1": 3, "x:2": 2}), RunResult([answered], 1.0))
 

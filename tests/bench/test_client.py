@@ -1,0 +1,55 @@
+"""bench.lib.client against a tiny streaming server: TTFT is the first chunk with text, or, for a
+stream whose tokens never decode to text (a random model on real vLLM), its first choice chunk."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+from bench.lib.client import RequestResult, send
+from testkit.procs import free_ports
+
+USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 3}}\n\n'
+
+
+async def _serve(chunks: list[bytes]) -> tuple[web.AppRunner, str]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in chunks:
+            await asyncio.sleep(0.05)
+            await resp.write(chunk)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    [port] = free_ports(1)
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}/v1/completions"
+
+
+async def _ttft(chunks: list[bytes]) -> RequestResult:
+    runner, url = await _serve(chunks)
+    try:
+        result = RequestResult(0, 0, "t", 0.0, 0.0)
+        async with aiohttp.ClientSession() as session:
+            await send(session, url, {"prompt": "x"}, result, 1.0)
+        return result
+    finally:
+        await runner.cleanup()
+
+
+async def test_ttft_is_the_first_chunk_with_text() -> None:
+    r = await _ttft([b'data: {"choices": [{"text": ""}]}\n\n', b'data: {"choices": [{"text": "hi"}]}\n\n', USAGE])
+    assert r.ok and r.ttft_s is not None and r.ttft_s >= 0.09  # the second chunk, not the first
+
+
+async def test_a_stream_without_text_times_its_first_choice_chunk() -> None:
+    r = await _ttft([b'data: {"choices": [{"text": ""}]}\n\n', b'data: {"choices": [{"text": ""}]}\n\n', USAGE])
+    assert r.ok and r.ttft_s is not None and 0.04 <= r.ttft_s < 0.09
+    assert r.prompt_tokens == 40 and r.completion_tokens == 3
