@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extproc.scraping.prom_text import samples
 from testkit.procs import Proc, free_ports
 from testkit.vllm_env import MODEL_NAME, VllmEnv, ensure
 
@@ -66,9 +67,14 @@ class Engine:
         return f"{self.address}:{self.port}"
 
     @property
+    def events(self) -> str:
+        """The KV-event and replay sockets, "tcp://events@tcp://replay" (`bench.lib.routers.Pool.kv_events`)."""
+        return f"tcp://{self.address}:{self.events_port}@tcp://{self.address}:{self.replay_port}"
+
+    @property
     def spec(self) -> str:
         """`--endpoints` entry with the engine's KV-event and replay sockets."""
-        return f"{self.key}@tcp://{self.address}:{self.events_port}@tcp://{self.address}:{self.replay_port}"
+        return f"{self.key}@{self.events}"
 
     def args(self) -> list[str]:
         events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{self.events_port}",
@@ -136,11 +142,12 @@ class Engine:
 
     def counter(self, name: str) -> float:
         """Sum of a metric's samples in the engine's /metrics (e.g. `vllm:prefix_cache_hits_total`)."""
-        total = 0.0
-        for line in self.get("/metrics").decode().splitlines():
-            if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_total(self.get("/metrics"), name)
+
+
+def metric_total(exposition: bytes, name: str) -> float:
+    """Sum of the samples of `name` in a Prometheus exposition, read as the picker's scraper reads it."""
+    return sum(value for _, value in samples(exposition, name.encode(), want_labels=False))
 
 
 @contextlib.contextmanager

@@ -35,9 +35,8 @@ from typing import Any
 
 from bench.lib.routers import Pool
 from bench.lib.workloads import MODEL
-from extproc.scraping.prom_text import samples
 from testkit.tiny_model import TEXT
-from testkit.vllm import BLOCK_SIZE, NUM_BLOCKS, Engine, engines
+from testkit.vllm import BLOCK_SIZE, NUM_BLOCKS, Engine, engines, metric_total
 from testkit.vllm_env import pinned
 
 ENGINES = 2
@@ -55,17 +54,13 @@ class Counters:
     successes: float
 
 
-def _total(text: bytes, name: str) -> float:
-    return sum(value for _, value in samples(text, name.encode(), want_labels=False))
-
-
 def counters(metrics: bytes) -> Counters:
-    return Counters(_total(metrics, HITS), _total(metrics, QUERIES), _total(metrics, SUCCESS))
+    return Counters(metric_total(metrics, HITS), metric_total(metrics, QUERIES), metric_total(metrics, SUCCESS))
 
 
 def busy(metrics: bytes) -> float:
     """Running plus waiting requests."""
-    return sum(_total(metrics, name) for name in BUSY)
+    return sum(metric_total(metrics, name) for name in BUSY)
 
 
 def engine_figures(keys: Sequence[str], before: Sequence[Counters], after: Sequence[Counters]) -> dict[str, Any]:
@@ -124,7 +119,7 @@ class VllmBackend:
         for engine in self.engines:
             engine.reset_prefix_cache()
         procs = tuple(e.proc for e in self.engines if e.proc is not None)
-        yield Pool([e.key for e in self.engines], procs, [e.spec.split("@", 1)[1] for e in self.engines])
+        yield Pool([e.key for e in self.engines], procs, [e.events for e in self.engines])
 
     def mark(self) -> list[Counters]:
         return [counters(e.get("/metrics")) for e in self.engines]
