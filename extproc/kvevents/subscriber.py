@@ -191,15 +191,12 @@ class Subscriber:
     async def _join_late(self, seq: int, payload: bytes) -> None:
         """The first message of a publisher that ran before: replay from 0, else start here."""
         items = await self._replay_from(0) if self.address.replay else None
-        if items and items[0][0] == 0:
-            self._stats.replays["recovered"] += 1
+        if items:
+            await self._adopt_history(items)
         else:
             if self.address.replay:
                 self._stats.replays["failed" if items is None else "incomplete"] += 1
-            self._started_late(items[0][0] if items else seq)
-        if items:
-            await self._apply_replayed(items)
-            self._dup_from = items[0][0]
+            self._started_late(seq)
         if self.state.next_seq is None or seq >= self.state.next_seq:
             self._apply(seq, payload)
 
@@ -268,16 +265,23 @@ class Subscriber:
             self._stats.replays["failed"] += 1
             return
         self._heard()
-        if items and items[0][0] != 0:
-            self._stats.replays["incomplete"] += 1
-            self._started_late(items[0][0])
-        elif items:
-            self._stats.replays["recovered"] += 1
+        if items:
+            await self._adopt_history(items)
         else:
             self.state.next_seq = 0
             self.state.reason = ""
+            self._dup_from = None
+
+    async def _adopt_history(self, items: list[tuple[int, bytes]]) -> None:
+        """Apply a replay from 0: complete when it starts at 0, else a late start (the buffer no
+        longer reaches back); queued live messages it covered are skipped as duplicates."""
+        if items[0][0] == 0:
+            self._stats.replays["recovered"] += 1
+        else:
+            self._stats.replays["incomplete"] += 1
+            self._started_late(items[0][0])
         await self._apply_replayed(items)
-        self._dup_from = items[0][0] if items else None
+        self._dup_from = items[0][0]
 
     async def _recover(self, start: int, held: int) -> bool:
         """Replay from `start`; False when nothing usable came back (the caller resyncs)."""
