@@ -110,6 +110,7 @@ class ListWatch:
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
         self._failing = False
         self.lists = 0  # successful LISTs so far (tests and logs)
+        self.failures = 0  # failed LIST or WATCH requests so far (tests and logs)
 
     # -- control (any thread) ----------------------------------------------------------------
     def start(self) -> None:
@@ -163,6 +164,7 @@ class ListWatch:
                     break
 
     def _failed(self, phase: str, exc: Exception) -> None:
+        self.failures += 1
         expired = isinstance(exc, WatchExpired) or getattr(exc, "status", None) == GONE
         delay = self._backoff.next(first_free=expired)
         fields = {"watch": self.name, "phase": phase, "error": _describe(exc), "retry_in_s": round(delay, 3)}

@@ -154,8 +154,8 @@ async def test_objective_priorities(api: KubeApi, tmp_path: Path) -> None:
 
 async def test_api_down_at_start_keeps_not_ready_until_it_is_up(tmp_path: Path) -> None:
     with KubeApi() as api:
-        async with discovery(api, tmp_path) as (_, ds):
-            await asyncio.sleep(0.5)
+        async with discovery(api, tmp_path) as (d, ds):
+            await until(lambda: d.pool_watch is not None and d.pool_watch.failures >= 2)  # tried twice, refused
             assert not ds.synced and len(ds) == 0
             api.start()
             api.create(POOL_V1, pool_v1("pool", {"app": "v"}, [8000]))

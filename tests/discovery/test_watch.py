@@ -139,15 +139,21 @@ def test_api_down_at_start_is_retried_with_backoff() -> None:
                       backoff=Backoff(0.05, 0.3))
         w.start()
         try:
-            time.sleep(0.6)
-            assert rec.lists == [] and w.lists == 0
+            deadline = time.monotonic() + 15  # two refused LISTs: it tried, and tried again after a backoff
+            while w.failures < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert w.failures >= 2 and rec.lists == [] and w.lists == 0
             api.start()
             api.create(PODS, pod("a", {"app": "v"}))
             # The first successful LIST may land before or after the create; either way the pod is seen.
             rec.wait(lambda r: len(r.lists) >= 1 and (["a"] in r.lists or ("ADDED", "a") in r.events), timeout=15)
             listed = len(rec.lists)
+            failed = w.failures
             api.stop_server()  # an outage while watching: list again once it is back
-            time.sleep(0.3)
+            deadline = time.monotonic() + 15
+            while w.failures == failed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert w.failures > failed
             api.start()  # the object store survived the restart
             rec.wait(lambda r: len(r.lists) > listed and r.lists[-1] == ["a"], timeout=15)
         finally:
@@ -160,10 +166,14 @@ def test_stop_is_prompt_while_blocked_in_a_watch_and_relist_is_on_demand(api: Ku
     w = pods_watch(api, rec, watch_timeout_s=300)
     w.start()
     rec.wait(lambda r: len(r.lists) == 1)
-    time.sleep(0.1)
+    api.wait_watching(PODS)  # blocked in its first watch
+    watches = api.watch_count(PODS)
     w.relist()
     rec.wait(lambda r: len(r.lists) == 2)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 15
+    while api.watch_count(PODS) == watches and time.monotonic() < deadline:  # the watch after the new list
+        time.sleep(0.01)
+    assert api.watch_count(PODS) > watches
     t0 = time.monotonic()
     w.stop()
     assert w.join(5.0)

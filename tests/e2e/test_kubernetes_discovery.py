@@ -140,8 +140,12 @@ def kube_stack(tmp: Path, backend_module: str, n_backends: int = 3,
 def test_traffic_follows_pods_and_pool_through_envoy(tmp_path: Path) -> None:
     with kube_stack(tmp_path, "testkit.echo_backends", api_started=False) as s:
         p0, p1, p2 = (str(p) for p in s.ports)
-        # The API is down at start-up: not ready, requests fail.
-        time.sleep(1.0)
+        # The API is down at start-up: once the picker has tried it, not ready, and requests fail.
+        deadline = time.monotonic() + 30
+        while "kubernetes API request failed" not in s.picker.log_text() and time.monotonic() < deadline:
+            assert s.picker.alive(), s.picker.log_text()
+            time.sleep(0.05)
+        assert "kubernetes API request failed" in s.picker.log_text()
         assert s.readiness() != SERVING
         assert s.ask()[0] == 503
         s.api.start()
