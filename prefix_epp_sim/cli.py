@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     serve.add_argument("--default-max-tokens", type=int, default=_D.default_max_tokens,
                        help="max_tokens when a request sets none")
     serve.add_argument("--max-loras", type=int, default=_D.max_loras)
+    serve.add_argument("--tokenizer", default=_D.tokenizer, metavar="TOKENIZER_JSON",
+                       help="count and hash prompts with this tokenizer.json and the chat template beside it, "
+                            "as an engine of that model would (default: the builtin tokenizer)")
     serve.add_argument("--lora-modules", nargs="+", default=list(_D.lora_modules),
                        help="adapters: NAME, NAME=PATH or '{\"name\": NAME}'")
     model = p.add_argument_group("cache and scheduler")

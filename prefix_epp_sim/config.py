@@ -35,6 +35,9 @@ class SimConfig:
     default_max_tokens: int = 16
     max_loras: int = 1
     lora_modules: tuple[str, ...] = ()
+    # A model's tokenizer.json (its chat template beside it) to count and hash prompts with, so
+    # the simulator sees the token ids a real engine of that model would; "": the builtin tokenizer
+    tokenizer: str = ""
 
     # KV cache
     block_size: int = 16

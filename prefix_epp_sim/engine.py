@@ -56,39 +56,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from extproc.tokenization.builtin import encode
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.kvcache import Allocation, KVCache, block_hash_seed, hash_blocks
+from prefix_epp_sim.output import filler_for
 from prefix_epp_sim.vllm_metrics import E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram
-
-_FILLER_WORDS = (
-    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
-    "quietly", "box", "jumbo", "crates", "of", "fresh", "kiwi", "and", "plum", "near", "an", "old",
-    "stone", "bridge", "under", "morning", "light",
-)
-_filler_pieces: list[str] = []
-_filler_ids: list[int] = []
-
-
-def _grow_filler(n: int) -> None:
-    while len(_filler_pieces) < n:
-        i = len(_filler_pieces)
-        word = _FILLER_WORDS[i % len(_FILLER_WORDS)]
-        piece = word.capitalize() if i == 0 else " " + word
-        _filler_pieces.append(piece)
-        _filler_ids.extend(encode(piece))
-
-
-def output_token_ids(n: int) -> list[int]:
-    """Token ids of the first n generated tokens (the same for every request)."""
-    _grow_filler(n)
-    return _filler_ids[:n]
-
-
-def output_text(start: int, end: int) -> str:
-    """Text of generated tokens [start, end); `encode(output_text(0, n))` has n tokens."""
-    _grow_filler(end)
-    return "".join(_filler_pieces[start:end])
 
 
 @dataclass(eq=False)
@@ -140,6 +111,7 @@ class Engine:
     def __init__(self, config: SimConfig, cache: KVCache, after_step: Callable[[], None] | None = None,
                  lora_ids: Mapping[str, int] | None = None) -> None:
         self.config = config
+        self.filler = filler_for(config)  # what every request generates
         self.cache = cache
         self.stats = EngineStats()
         self.running: list[SimRequest] = []
@@ -356,7 +328,7 @@ class Engine:
         computed = len(req.prompt_tokens) + req.generated - 1
         done_blocks = len(req.prompt_hashes)
         if computed // bs > done_blocks:
-            tokens = req.prompt_tokens + output_token_ids(req.generated)
+            tokens = req.prompt_tokens + self.filler.ids(req.generated)
             parent = req.prompt_hashes[-1] if done_blocks else 0
             tail = hash_blocks(tokens[done_blocks * bs:computed], bs, self.seed_for(req.lora), parent)
             self.cache.commit(alloc, req.prompt_hashes + tail, tokens)

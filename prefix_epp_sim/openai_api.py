@@ -4,8 +4,11 @@ Requests
     `parse_json` turns a body into a JSON object or raises `ApiError("bad_request")`.
     `parse_generation` validates a /v1/completions or /v1/chat/completions body and returns a
     `Generation`: the resolved model (base or LoRA adapter), the prompt's token ids (chat
-    messages go through `extproc.tokenization.builtin.render_chat` first, as vLLM applies the chat
-    template), `max_tokens` (chat: `max_completion_tokens` wins; default
+    messages are rendered first, as vLLM applies the chat template): by default with
+    `extproc.tokenization.builtin`, or with `SimConfig.tokenizer` (a model's tokenizer.json and its
+    chat template, `extproc.tokenization.tokenizer_json`: completions encoded with the model's
+    special tokens, chat rendered then encoded without them, as vLLM does), `max_tokens`
+    (chat: `max_completion_tokens` wins; default
     `SimConfig.default_max_tokens`, capped by the room left in `max_model_len`), `stream` and
     `stream_options.include_usage`. A completions prompt is a string, a list of token ids, or
     a one-element list of either.
@@ -18,19 +21,21 @@ Responses
     `completion_body` / `completion_chunk` build non-streaming bodies and SSE chunks for both
     endpoints (`kind` "completion" or "chat"); `usage` always reports
     `prompt_tokens_details.cached_tokens`. Generated text comes from
-    `prefix_epp_sim.engine.output_text`; every finish is "length".
+    `prefix_epp_sim.output` (the filler of the configured tokenizer); every finish is "length".
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
 from extproc.tokenization.builtin import encode, render_chat
+from extproc.tokenization.tokenizer_json import HFTokenizer
 from prefix_epp_sim.config import SimConfig
 
 Kind = Literal["completion", "chat"]
@@ -93,21 +98,50 @@ def resolve_model(name: Any, config: SimConfig, required: bool = True) -> str | 
     raise ApiError("not_found", f"The model `{name}` does not exist.", "model")
 
 
-def _prompt_tokens(body: Mapping[str, Any], kind: Kind) -> list[int]:
+class PromptTokenizer(Protocol):
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str: ...
+    def encode_text(self, text: str, chat: bool) -> list[int]: ...
+
+
+class _Builtin:
+    """The builtin tokenizer and ChatML template (no special tokens)."""
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+        return render_chat(messages, add_generation_prompt)
+
+    def encode_text(self, text: str, chat: bool) -> list[int]:
+        return encode(text)
+
+
+_BUILTIN = _Builtin()
+
+
+@functools.lru_cache(maxsize=4)
+def _model_tokenizer(path: str) -> HFTokenizer:
+    return HFTokenizer(path)
+
+
+def prompt_tokenizer(config: SimConfig) -> PromptTokenizer:
+    """The tokenizer prompts are counted with (loaded once per path)."""
+    return _model_tokenizer(config.tokenizer) if config.tokenizer else _BUILTIN
+
+
+def _prompt_tokens(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> list[int]:
+    tok = prompt_tokenizer(config)
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError("bad_request", "'messages' must be a non-empty list.", "messages")
         try:
-            text = render_chat(messages, bool(body.get("add_generation_prompt", True)))
+            text = tok.render(messages, bool(body.get("add_generation_prompt", True)))
         except ValueError as exc:
             raise ApiError("bad_request", str(exc), "messages") from None
-        return encode(text)
+        return tok.encode_text(text, True)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return encode(prompt)
+        return tok.encode_text(prompt, False)
     if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < 1 << 32 for t in prompt):
         return list(prompt)
     raise ApiError("bad_request", "'prompt' must be a string or a list of token ids (batches are not "
@@ -127,7 +161,7 @@ def parse_generation(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> 
     model = body.get("model")
     lora = resolve_model(model, config)
     assert isinstance(model, str)
-    tokens = _prompt_tokens(body, kind)
+    tokens = _prompt_tokens(body, kind, config)
     if not tokens:
         raise ApiError("bad_request", "The prompt cannot be empty.", "prompt")
     requested = _optional_int(body, "max_completion_tokens") if kind == "chat" else None
@@ -210,9 +244,9 @@ def models_body(config: SimConfig, created: int) -> dict[str, Any]:
 def tokenize_body(body: Mapping[str, Any], config: SimConfig) -> dict[str, Any]:
     resolve_model(body.get("model"), config, required=False)
     if "messages" in body:
-        tokens = _prompt_tokens(body, "chat")
+        tokens = _prompt_tokens(body, "chat", config)
     elif isinstance(body.get("prompt"), str):
-        tokens = encode(body["prompt"])
+        tokens = _prompt_tokens(body, "completion", config)
     else:
         raise ApiError("bad_request", "Provide 'prompt' (a string) or 'messages'.", "prompt")
     return {"count": len(tokens), "max_model_len": config.max_model_len, "tokens": tokens, "token_strs": None}

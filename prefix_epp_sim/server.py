@@ -37,7 +37,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from prefix_epp_sim.config import SimConfig
-from prefix_epp_sim.engine import Engine, SimRequest, output_text
+from prefix_epp_sim.engine import Engine, SimRequest
 from prefix_epp_sim.kv_publisher import KVEventPublisher
 from prefix_epp_sim.kvcache import KVCache, KVEvent
 from prefix_epp_sim.openai_api import (
@@ -262,7 +262,7 @@ class Replica:
             if gen.stream:
                 return await self._stream(request, gen, req, request_id)
             await req.done.wait()
-            text = output_text(0, req.generated)
+            text = self.engine.filler.text(0, req.generated)
             return _json(completion_body(gen, request_id, text, req.generated, req.cached_tokens))
         finally:
             self.engine.abort(req)  # no-op once finished; frees the blocks of a vanished client
@@ -279,8 +279,8 @@ class Replica:
             generated = req.generated
             if generated > sent:
                 finish = "length" if req.finished else None
-                await response.write(completion_chunk(gen, request_id, created, output_text(sent, generated),
-                                                      finish, first=sent == 0))
+                text = self.engine.filler.text(sent, generated)
+                await response.write(completion_chunk(gen, request_id, created, text, finish, first=sent == 0))
                 sent = generated
             if req.finished:
                 break

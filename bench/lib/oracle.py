@@ -13,7 +13,7 @@ as the fraction of the possible.
 The same pass yields the workload's prefix working set: the distinct blocks that some later
 request hits (what `bench.lib.workloads.kv_cache_blocks` sizes the caches from).
 
-Chat answers are the simulator's deterministic output (`prefix_epp_sim.engine.output_text`), which
+Chat answers are the simulator's deterministic output (`prefix_epp_sim.output.output_text`), which
 is what the load generator puts into the history of the next turn.
 
 Real vLLM (`vllm_oracle`): the same pass at the engines' block size (32) over the tiny model's
@@ -35,8 +35,8 @@ from bench.lib.workloads import MODEL, Workload, body
 from extproc.request.openai import Api, parse_request
 from extproc.tokenization.builtin import encode, render_chat
 from extproc.tokenization.tokenizer_json import HFTokenizer
-from prefix_epp_sim.engine import output_text, output_token_ids
 from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
+from prefix_epp_sim.output import output_text, output_token_ids
 from testkit.tiny_model import TEXT
 
 BLOCK_SIZE = 16  # tokens per KV block of the bench's simulated replicas (bench.lib.routers.SimSettings)

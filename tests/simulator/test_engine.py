@@ -12,8 +12,9 @@ import pytest
 
 from extproc.tokenization.builtin import encode
 from prefix_epp_sim.config import SimConfig
-from prefix_epp_sim.engine import Engine, SimRequest, output_text, output_token_ids
+from prefix_epp_sim.engine import Engine, SimRequest
 from prefix_epp_sim.kvcache import KVCache
+from prefix_epp_sim.output import output_text, output_token_ids
 
 FAST = SimConfig(time_scale=200.0, kv_events=False, kv_cache_blocks=4096, max_model_len=8192)
 
