@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.lib import vllm_backend
+from bench.lib import sim_vllm, vllm_backend
 from bench.lib.aggregate import aggregate
 from bench.lib.go_epp import build_info as go_epp_build_info
 from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, vllm_oracle, workload_oracle
@@ -77,7 +77,7 @@ DEFAULT_REPLICAS = 4
 # `make bench`: go-epp and prefix-epp-precise run when named (--routers), not by default.
 DEFAULT_ROUTERS = ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-weighted", "sglang-router",
                    "clairvoyant")
-BACKENDS = ("sim", "vllm")
+BACKENDS = ("sim", "vllm", "sim-vllm")
 VLLM_ROUTERS = ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-precise", "sglang-router",
                 "go-epp")  # --backend vllm's default; clairvoyant is sim-only
 RUN_OVERHEAD_S = 8.0  # per run, on top of the planned load: start the setup, probe, drain, stop, write (2 cores)
@@ -111,20 +111,23 @@ class Draw:
     @classmethod
     def of(cls, names: Sequence[str], seed: int, *, quick: bool, load: float, replicas: int,
            time_scale: float, backend: str = "sim") -> Draw:
-        if backend == "vllm":
-            return cls.vllm(names, seed, quick=quick, load=load)
+        if backend in ("vllm", "sim-vllm"):
+            return cls.vllm(names, seed, quick=quick, load=load, simulated=backend == "sim-vllm")
         workloads = {w: build(w, quick=quick, seed=seed, load=load) for w in names}
         oracle = {w: workload_oracle(wl) for w, wl in workloads.items()}
         sims = {w: sim_settings(oracle[w], replicas, time_scale, wl) for w, wl in workloads.items()}
         return cls(workloads, oracle, sims)
 
     @classmethod
-    def vllm(cls, names: Sequence[str], seed: int, *, quick: bool, load: float) -> Draw:
-        """The vLLM-sized workloads; the oracle over the tiny model's real tokens at block size 32."""
-        tokenizer = HFTokenizer(str(ensure().tokenizer_json))
+    def vllm(cls, names: Sequence[str], seed: int, *, quick: bool, load: float, simulated: bool = False) -> Draw:
+        """The vLLM-sized workloads; the oracle over the tiny model's real tokens at block size 32;
+        `simulated`: on simulated engines shaped like the real ones (`bench.lib.sim_vllm`)."""
+        tokenizer_json = ensure().tokenizer_json
+        tokenizer = HFTokenizer(str(tokenizer_json))
         workloads = {w: build_vllm(w, quick=quick, seed=seed, load=load) for w in names}
         oracle = {w: vllm_oracle(wl, tokenizer) for w, wl in workloads.items()}
-        engines = SimSettings(replicas=vllm_backend.ENGINES, kv_cache_blocks=NUM_BLOCKS, block_size=VLLM_BLOCK_SIZE)
+        engines = (sim_vllm.settings(tokenizer_json, sim_vllm.load_profile()) if simulated else
+                   SimSettings(replicas=vllm_backend.ENGINES, kv_cache_blocks=NUM_BLOCKS, block_size=VLLM_BLOCK_SIZE))
         return cls(workloads, oracle, dict.fromkeys(workloads, engines))
 
 
@@ -145,6 +148,10 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
         replicas, time_scale = vllm_backend.ENGINES, 1.0
         config |= {"replicas": replicas, "time_scale": time_scale, "backend": "vllm",
                    "engine": vllm_backend.engine_info()}
+    elif backend == "sim-vllm":
+        replicas, time_scale = sim_vllm.ENGINES, 1.0
+        config |= {"replicas": replicas, "time_scale": time_scale, "backend": "sim-vllm",
+                   "profile": sim_vllm.load_profile()}
     if any(r.name == "go-epp" for r in routers):
         why = go_epp_available()
         if why:  # `make bench` on a machine without Go: the table says go-epp was not run, and why
@@ -226,7 +233,8 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=BACKENDS, default="sim",
-                   help="sim: fresh simulated replicas per run; vllm: 2 real vLLM engines (CPU build, tiny model)")
+                   help="sim: fresh simulated replicas per run; vllm: 2 real vLLM engines (CPU build, tiny model); "
+                        "sim-vllm: vllm's workloads on 2 simulated engines fitted to them (bench/fidelity.py)")
     p.add_argument("--quick", action="store_true", help="about a third of the requests per workload (vllm: half)")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS,
                    help=f"default: all (vllm: {' '.join(VLLM_WORKLOADS)})")
@@ -252,17 +260,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
-    vllm = args.backend == "vllm"
+    vllm = args.backend in ("vllm", "sim-vllm")  # the vLLM-sized workloads
     workloads = args.workloads or list(VLLM_WORKLOADS if vllm else WORKLOADS)
     chosen = args.routers or list(VLLM_ROUTERS if vllm else DEFAULT_ROUTERS)
-    if vllm and "clairvoyant" in chosen:
+    if args.backend == "vllm" and "clairvoyant" in chosen:
         p.error("clairvoyant is a simulator reference (it routes on the replicas' true caches and queues): "
                 "it runs with --backend sim only")
     if vllm and set(workloads) - set(VLLM_WORKLOADS):
         p.error(f"--backend vllm has vLLM-sized workloads for {', '.join(VLLM_WORKLOADS)} only")
     routers = [RouterSpec(r, closed_loop=args.closed_loop) for r in chosen]
     routers += [RouterSpec("prefix-epp", tuple(shlex.split(v)), args.closed_loop) for v in args.picker_variant]
-    name = args.name or ("bench-vllm" if vllm else "bench-quick" if args.quick else "bench")
+    name = args.name or (f"bench-{args.backend}" if vllm else "bench-quick" if args.quick else "bench")
     if args.render_only:
         print((render_only(args.out_dir, name) / f"{name}.md").read_text())
         return 0

@@ -98,6 +98,8 @@ class SimSettings:
     max_model_len: int = 32768
     kv_events: bool = False  # replicas publish KV events (ZeroMQ PUB + replay ROUTER per replica)
     clairvoyant: bool = False  # the simulator also serves its clairvoyant front
+    sim_args: tuple[str, ...] = ()  # further `prefix-epp sim` flags (a cost profile, --tokenizer)
+    picker_args: tuple[str, ...] = ()  # what the prefix-epp setups add for these replicas (--tokenizer)
 
 
 def consecutive_free_ports(n: int, attempts: int = 50) -> int:
@@ -130,7 +132,7 @@ def sim_replicas(tmp: Path, sim: SimSettings) -> Iterator[Pool]:
     args = prefix_epp("sim", "--replicas", str(sim.replicas), "--port", str(base),
                       "--time-scale", str(sim.time_scale), "--kv-cache-blocks", str(sim.kv_cache_blocks),
                       "--block-size", str(sim.block_size), "--max-num-seqs", str(sim.max_num_seqs),
-                      "--max-model-len", str(max_model_len), "--log-level", "warning")
+                      "--max-model-len", str(max_model_len), "--log-level", "warning", *sim.sim_args)
     events: list[str] = []
     if sim.kv_events:
         pub, replay = base + n, base + 2 * n

@@ -128,6 +128,8 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     if backend is None:
         say(f"[{router.label}] starting {sim.replicas} simulated replicas ({sim.kv_cache_blocks} KV blocks each)")
         replicas = sim_replicas(tmp, sim)
+        if router.name in KV_EVENT_ROUTERS:
+            picker_args = (*sim.picker_args, *picker_args)
     else:
         say(f"[{router.label}] resetting the prefix caches of {len(backend.engines)} idle vLLM engines")
         replicas = backend.pool()
