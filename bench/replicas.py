@@ -48,6 +48,8 @@ from bench.lib.stats import hit_rate
 from bench.lib.workloads import build
 from extproc.commands.envoy_config import build_config, render
 from extproc.config.settings import EppConfig, SyncConfig
+from extproc.core.datastore import Datastore
+from extproc.discovery.static import load_static
 from extproc.prefix.index import PrefixIndex
 from extproc.scraping.prom_text import samples
 from extproc.sync.manager import PeerSync
@@ -153,9 +155,13 @@ async def snapshot_run(endpoints: int, capacity: int) -> dict[str, Any]:
     src = PrefixIndex(capacity)
     for e in range(endpoints):
         src.load(f"10.0.0.{e}:8000", [rng.getrandbits(64) for _ in range(capacity)])
-    a = PeerSync(replace(cfg, port=pa), SECRET.encode(), src, None, bind="127.0.0.1")
+    pool = [f"10.0.0.{e}:8000" for e in range(endpoints)]
+    stores = [Datastore(), Datastore()]
+    for store in stores:
+        load_static(store, pool)  # a peer's records are kept for endpoints of our own pool only
+    a = PeerSync(replace(cfg, port=pa), SECRET.encode(), src, None, datastore=stores[0], bind="127.0.0.1")
     b = PeerSync(replace(cfg, port=pb, peers=(f"127.0.0.1:{pa}",)), SECRET.encode(), PrefixIndex(capacity), None,
-                 bind="127.0.0.1")
+                 datastore=stores[1], bind="127.0.0.1")
     wire = 0
     chunk: list[tuple[int, str, Sequence[int]]] = []
     for endpoint, hashes in src.dump():  # the frames the service sends, for their size

@@ -277,6 +277,8 @@ FLAGS: tuple[Flag, ...] = (
          "Kubernetes label selector of this picker's own pods: peers are the ready ones"),
     Flag("--sync-secret-file", "sync.secret_file", TEXT, REPLICAS,
          "file with the peers' shared secret (else env PREFIX_EPP_SYNC_SECRET); frames without its HMAC are refused"),
+    Flag("--sync-tls", "sync.tls", BOOL, REPLICAS,
+         "serve and dial peer sync over TLS with the --cert-path certificate (peers verify it)"),
     Flag("--sync-warm-timeout", "sync.warm_timeout_s", DURATION, REPLICAS,
          "wait at most this long for a peer's index snapshot before reporting ready", NON_NEGATIVE),
     Flag("--drain-timeout", "drain.timeout_s", DURATION, REPLICAS,

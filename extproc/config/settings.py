@@ -187,8 +187,19 @@ class SyncConfig:
     peer_queue_frames: int = 256  # frames waiting per peer; beyond: dropped and counted
     warm_timeout_s: float = 5.0  # --sync-warm-timeout: ready after this even if no peer sent a snapshot
     snapshot_chunk_hashes: int = 32768  # hashes per snapshot frame (256 KB)
-    max_frame_bytes: int = 16 * 1024 * 1024  # a larger frame (after decompression) is refused
-    max_clock_skew_s: float = 120.0  # frames stamped further from our clock are refused (replays)
+    # A larger frame (on the wire or inflated) is refused unread; a legitimate one is at most 2.4 MB
+    # (extproc/sync/wire.py), and each byte a forger sends costs an HMAC (extproc/sync/admission.py).
+    max_frame_bytes: int = 3 * 1024 * 1024
+    max_clock_skew_s: float = 120.0  # frames stamped further from our clock are refused
+    replay_window: int = 4096  # seqs per origin remembered below the highest (extproc/sync/replay.py)
+    max_origins: int = 4096  # sending processes whose replay window is kept
+    verify_threads: int = 1  # threads checking received frames (MAC, inflate), off the event loop
+    max_hosts: int = 4096  # sending addresses whose failure budget and open calls are kept
+    failure_burst: int = 8  # refused frames an address may send before it is throttled ...
+    failure_rate_per_s: float = 1.0  # ... and then this many per second
+    max_calls_per_host: int = 32  # open sync calls per sending address (a peer pod: one per worker)
+    max_calls: int = 256  # open sync calls in all (gRPC maximum_concurrent_rpcs)
+    tls: bool = False  # --sync-tls: serve and dial peers over TLS with the --cert-path certificate
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 1.0  # a Hello per second to a peer that is down: cheap, and it rejoins fast
 

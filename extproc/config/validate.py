@@ -78,6 +78,8 @@ def check(config: EppConfig) -> list[str]:
     if not valid_header_name(config.affinity.session_header):
         problems.append(f"--session-header must be an HTTP header name (letters, digits, - and the other "
                         f"token characters) or empty, got {config.affinity.session_header!r}")
+    if config.sync.tls and not config.cert_path:
+        problems.append("--sync-tls needs --cert-path (tls.crt, tls.key): peers verify each other's certificate")
     ports = [p for p in (config.grpc_port, config.grpc_health_port, config.metrics_port) if p]
     if len(set(ports)) != len(ports):
         problems.append("--grpc-port, --grpc-health-port and --metrics-port must differ")

@@ -122,9 +122,18 @@ class App:
         from extproc.telemetry.sync import SyncCollector
 
         cfg = self.config
+        server_creds, peer_creds = None, None
+        if cfg.sync.tls:
+            from extproc.sync.link import PeerCredentials
+            from extproc.transport.tls import peer_tls
+
+            server_creds, channel_creds, server_name = peer_tls(cfg.cert_path)
+            peer_creds = PeerCredentials(channel_creds, server_name)
         sync = self.sync = PeerSync(cfg.sync, load_secret(cfg.sync), self.index, self.kv_events,
-                                    bind=cfg.bind_address, reuse_port=self.role.count > 1,
-                                    sibling_port=self.role.sibling_port, siblings=self.role.siblings)
+                                    datastore=self.datastore, bind=cfg.bind_address,
+                                    reuse_port=self.role.count > 1, sibling_port=self.role.sibling_port,
+                                    siblings=self.role.siblings, server_credentials=server_creds,
+                                    peer_credentials=peer_creds)
         self.index.on_record(sync.outbox.record)
         if self.kv_events is not None:
             self.kv_events.on_record(sync.outbox.speculative)

@@ -7,7 +7,13 @@
   listed in its own --peers or behind a shared port, stops the link), then one long `Push`
   stream fed from the queue. On any error: reconnect after capped exponential backoff
   (`backoff_initial_s` .. `backoff_max_s`).
-- `snapshot(apply, timeout)`: `Snapshot` stream; every chunk is authenticated, then applied.
+- Only a HELLO_REPLY that names this HELLO's seq identifies the peer. A HELLO sent back to us
+  (reflected: it carries our own origin), an old reply, or any other frame is refused
+  (`rejected["bad_reply"]`) and the link retries as after any error; only a true answer from
+  this very process closes it.
+- `snapshot(apply, timeout)`: `Snapshot` stream; every chunk is checked (extproc/sync/admission.py,
+  off the event loop) and must answer this request, then it is applied.
+- `credentials`: TLS to the peer (`--sync-tls`), else plaintext.
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from extproc.config.settings import SyncConfig
+from extproc.sync.admission import Admission
 from extproc.sync.outbox import SyncStats
-from extproc.sync.wire import HELLO, SNAPSHOT, SNAPSHOT_REQUEST, Codec, Frame, FrameError
+from extproc.sync.wire import BAD_REPLY, HELLO, HELLO_REPLY, SNAPSHOT, SNAPSHOT_REQUEST, Frame, FrameError
 
 log = logging.getLogger("prefix_epp.sync")
 
@@ -30,16 +39,27 @@ PUSH_METHOD = f"/{SERVICE}/Push"
 SNAPSHOT_METHOD = f"/{SERVICE}/Snapshot"
 
 
-def channel_options(cfg: SyncConfig) -> list[tuple[str, int]]:
-    limit = cfg.max_frame_bytes + 1024
+@dataclass(frozen=True)
+class PeerCredentials:
+    """TLS for links to peers: what to trust and the name their certificate must carry."""
+
+    channel: grpc.ChannelCredentials
+    server_name: str
+
+
+def channel_options(cfg: SyncConfig) -> list[tuple[str, Any]]:
+    limit = cfg.max_frame_bytes
     return [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
             ("grpc.keepalive_time_ms", 20000), ("grpc.keepalive_permit_without_calls", 1)]
 
 
 class PeerLink:
-    def __init__(self, address: str, codec: Codec, origin: int, cfg: SyncConfig, stats: SyncStats) -> None:
+    def __init__(self, address: str, admission: Admission, origin: int, cfg: SyncConfig, stats: SyncStats,
+                 credentials: PeerCredentials | None = None) -> None:
         self.address = address
-        self._codec = codec
+        self._admission = admission
+        self._codec = admission.codec
+        self._credentials = credentials
         self._origin = origin
         self._cfg = cfg
         self._stats = stats
@@ -66,26 +86,31 @@ class PeerLink:
 
     def _chan(self) -> grpc.aio.Channel:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=channel_options(self._cfg))
+            options = channel_options(self._cfg)
+            creds = self._credentials
+            if creds is None:
+                self._channel = grpc.aio.insecure_channel(self.address, options=options)
+            else:
+                options.append(("grpc.ssl_target_name_override", creds.server_name))
+                self._channel = grpc.aio.secure_channel(self.address, creds.channel, options=options)
         return self._channel
 
     async def identify(self, timeout: float) -> int:
         """The peer's origin id (Hello), authenticated both ways."""
         call = self._chan().unary_unary(HELLO_METHOD)
-        reply = await call(self._codec.encode(HELLO, self._origin), timeout=timeout)
-        frame = self._decode(reply, HELLO)
+        seq, hello = self._codec.encode_seq(HELLO, self._origin)
+        reply = await call(hello, timeout=timeout)
+        frame = await self._decode(reply, HELLO_REPLY, seq)
         self.peer_origin = frame.origin
         return frame.origin
 
-    def _decode(self, data: bytes, kind: int) -> Frame:
-        try:
-            frame = self._codec.decode(data)
-        except FrameError:
-            self._stats.rejected["bad_reply"] += 1
-            raise
-        if frame.kind != kind:
-            self._stats.rejected["bad_reply"] += 1
-            raise FrameError(f"expected frame kind {kind}, got {frame.kind}")
+    async def _decode(self, data: bytes, kind: int, reply_to: int) -> Frame:
+        """A checked answer of `kind` to our request `reply_to`; FrameError otherwise (counted)."""
+        frame = await self._admission.open(data, self.address)  # counts its own refusals
+        if frame.kind != kind or frame.reply_to != reply_to:
+            self._stats.rejected[BAD_REPLY] += 1
+            raise FrameError(f"expected an answer of kind {kind} to frame {reply_to}, got kind {frame.kind} "
+                             f"answering {frame.reply_to}", BAD_REPLY)
         return frame
 
     async def run(self) -> None:
@@ -108,7 +133,7 @@ class PeerLink:
                     refused = isinstance(exc, FrameError) or exc.code() == grpc.StatusCode.UNAUTHENTICATED
                     if refused and not warned:  # a configuration error: say it once, keep trying
                         warned = True
-                        log.warning("peer refused us or we refused it: different sync secrets?",
+                        log.warning("peer refused us or we refused its answer: different sync secrets?",
                                     extra={"peer": self.address, "error": _describe(exc)})
                     elif self.connected:
                         log.warning("peer link lost", extra={"peer": self.address, "error": _describe(exc)})
@@ -132,10 +157,11 @@ class PeerLink:
     async def snapshot(self, apply: Callable[[Frame], int], timeout: float) -> int:
         """Fetch and apply the peer's whole index; returns the entries loaded."""
         call = self._chan().unary_stream(SNAPSHOT_METHOD)
-        stream = call(self._codec.encode(SNAPSHOT_REQUEST, self._origin), timeout=timeout)
+        seq, ask = self._codec.encode_seq(SNAPSHOT_REQUEST, self._origin)
+        stream = call(ask, timeout=timeout)
         loaded = 0
         async for chunk in stream:
-            frame = self._decode(chunk, SNAPSHOT)
+            frame = await self._decode(chunk, SNAPSHOT, seq)
             apply(frame)
             loaded += sum(len(hashes) for _, _, hashes in frame.records)
         return loaded

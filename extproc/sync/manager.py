@@ -19,7 +19,19 @@ Algorithm (full mesh, no broker, no leader):
   unchanged to the siblings; frames arriving on the sibling port are only applied; local frames go
   to peers and siblings. So each worker sees every decision once.
 - Authentication: every frame is HMAC'd with the shared secret (extproc/sync/wire.py); the
-  secret comes from `--sync-secret-file` or env PREFIX_EPP_SYNC_SECRET.
+  secret comes from `--sync-secret-file` or env PREFIX_EPP_SYNC_SECRET. Received frames are
+  checked off the event loop with a bounded share per sending address, and replays are refused
+  (extproc/sync/admission.py). With `--sync-tls` the sync port serves TLS and links verify the
+  peer's certificate (`server_credentials` / `peer_credentials`, built by the runtime from
+  `--cert-path`); sibling workers talk over loopback in plaintext.
+- Endpoints: a peer's RECORD, SPECULATIVE and LOAD records are applied only for endpoints our
+  own datastore knows (discovery, or --endpoints); the others are dropped and counted
+  (`dropped["unknown_endpoint"]`), so a peer cannot make index slots for endpoints that are not
+  in the pool, and an endpoint the pool loses is purged here by our own discovery. Warm start
+  therefore waits for discovery's first listing (within `warm_timeout_s`).
+- A frame the sender would make larger than `max_frame_bytes` (one record with more hashes than
+  a frame holds) is dropped and counted (`dropped["frame_too_large"]`) instead of being refused
+  by every peer.
 """
 
 from __future__ import annotations
@@ -36,8 +48,10 @@ from typing import Any, Protocol
 import grpc
 
 from extproc.config.settings import SyncConfig
+from extproc.core.datastore import Datastore, join_host_port
 from extproc.prefix.index import PrefixIndex
-from extproc.sync.link import PeerLink
+from extproc.sync.admission import Admission
+from extproc.sync.link import PeerCredentials, PeerLink
 from extproc.sync.outbox import Outbox, SyncStats
 from extproc.sync.service import SyncService, add_to_server
 from extproc.sync.wire import LOAD, RECORD, REMOVE, SPECULATIVE, UPDATES, Codec, Frame, FrameError
@@ -66,16 +80,22 @@ def load_secret(cfg: SyncConfig) -> bytes:
 
 class PeerSync:
     def __init__(self, cfg: SyncConfig, secret: bytes, index: PrefixIndex, precise: SpeculativeSink | None, *,
-                 bind: str, reuse_port: bool = False, sibling_port: int = 0, siblings: Sequence[str] = ()) -> None:
+                 datastore: Datastore, bind: str, reuse_port: bool = False, sibling_port: int = 0,
+                 siblings: Sequence[str] = (), server_credentials: grpc.ServerCredentials | None = None,
+                 peer_credentials: PeerCredentials | None = None) -> None:
         self.cfg = cfg
         self.index = index
         self.precise = precise
+        self.datastore = datastore
         self.origin = random.getrandbits(63) | 1
         self.stats = SyncStats()
         self.codec = Codec(secret, max_frame_bytes=cfg.max_frame_bytes, max_clock_skew_s=cfg.max_clock_skew_s)
+        self.admission = Admission(self.codec, cfg, self.stats)
         self.outbox = Outbox(cfg.pending_limit, self.stats)
         self.links: dict[str, PeerLink] = {}
-        self.siblings = [PeerLink(a, self.codec, self.origin, cfg, self.stats) for a in siblings]
+        self.siblings = [PeerLink(a, self.admission, self.origin, cfg, self.stats) for a in siblings]
+        self._server_credentials = server_credentials
+        self._peer_credentials = peer_credentials
         self.warm = False
         self._bind = bind
         self._reuse_port = reuse_port
@@ -87,8 +107,14 @@ class PeerSync:
 
     # -- applying what peers send -------------------------------------------------------------
     def apply(self, frame: Frame) -> int:
-        index, precise = self.index, self.precise
+        """Apply a checked frame's records; returns how many were applied."""
+        index, precise, known = self.index, self.precise, self.datastore.get
+        applied = 0
         for op, endpoint, hashes in frame.records:
+            if op != REMOVE and known(endpoint) is None:
+                self.stats.dropped["unknown_endpoint"] += 1
+                continue
+            applied += 1
             if op == RECORD:
                 index.apply(endpoint, hashes)
             elif op == REMOVE:
@@ -98,7 +124,7 @@ class PeerSync:
             elif op == LOAD:
                 index.load(endpoint, hashes)
                 self.stats.snapshot_entries_loaded += len(hashes)
-        return len(frame.records)
+        return applied
 
     def _to_siblings(self, frame: bytes, records: int) -> None:
         for link in self.siblings:
@@ -117,7 +143,7 @@ class PeerSync:
                 self._closing.add(asyncio.get_running_loop().create_task(self._close(link, task)))
                 log.info("peer removed", extra={"peer": address})
         for address in sorted(wanted - set(self.links)):
-            link = PeerLink(address, self.codec, self.origin, self.cfg, self.stats)
+            link = PeerLink(address, self.admission, self.origin, self.cfg, self.stats, self._peer_credentials)
             self.links[address] = link
             self._tasks[address] = asyncio.get_running_loop().create_task(link.run(), name=f"sync {address}")
 
@@ -133,19 +159,23 @@ class PeerSync:
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Serve the sync port (and the sibling port), start the flush loop and the sibling links."""
-        limit = self.cfg.max_frame_bytes + 1024
+        limit = self.cfg.max_frame_bytes  # larger messages are refused by gRPC before any handler runs
         options: list[tuple[str, Any]] = [("grpc.so_reuseport", 1 if self._reuse_port else 0),
                                           ("grpc.max_receive_message_length", limit),
                                           ("grpc.max_send_message_length", limit)]
         forward = self._to_siblings if self.siblings else None
-        ports = [(self._bind, self.cfg.port, forward)] if self.cfg.port else []
+        ports = [(self._bind, self.cfg.port, forward, self._server_credentials)] if self.cfg.port else []
         if self._sibling_port:
-            ports.append(("127.0.0.1", self._sibling_port, None))
-        for host, port, fwd in ports:
-            server = grpc.aio.server(options=options)
-            add_to_server(server, SyncService(self.codec, self.origin, self.cfg, self.index, self.stats,
+            ports.append(("127.0.0.1", self._sibling_port, None, None))
+        for host, port, fwd, creds in ports:
+            server = grpc.aio.server(options=options, maximum_concurrent_rpcs=self.cfg.max_calls)
+            add_to_server(server, SyncService(self.admission, self.origin, self.cfg, self.index, self.stats,
                                               self.apply, forward=fwd))
-            server.add_insecure_port(f"{host}:{port}")
+            address = join_host_port(host, port)
+            if creds is None:
+                server.add_insecure_port(address)
+            else:
+                server.add_secure_port(address, creds)
             await server.start()
             self._servers.append(server)
         loop = asyncio.get_running_loop()
@@ -163,6 +193,9 @@ class PeerSync:
         deadline = loop.time() + self.cfg.warm_timeout_s
         tried: set[str] = set()
         try:
+            # Records are kept only for endpoints the datastore knows: wait for discovery's list.
+            while not self.datastore.synced and loop.time() < deadline:
+                await asyncio.sleep(0.05)
             while (remaining := deadline - loop.time()) > 0:
                 # Other pods first: sibling workers start together and are as cold as we are.
                 pool = list(self.links.values()) or self.siblings
@@ -200,6 +233,9 @@ class PeerSync:
             if not links:
                 continue
             frame = self.codec.encode(UPDATES, self.origin, records)
+            if len(frame) > self.cfg.max_frame_bytes:  # every peer would refuse it
+                self.stats.dropped["frame_too_large"] += len(records)
+                continue
             for link in links:
                 link.offer(frame, len(records))
 
@@ -225,5 +261,6 @@ class PeerSync:
                 await link.close()
         await asyncio.gather(*(s.stop(0.5) for s in self._servers), return_exceptions=True)
         self._servers.clear()
+        self.admission.close()
 
 

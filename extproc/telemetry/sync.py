@@ -6,8 +6,8 @@
 | prefix_epp_sync_frames_received_total / _bytes_received_total | counter | - |
 | prefix_epp_sync_records_applied_total | counter | - (peers' records applied to our index) |
 | prefix_epp_sync_frames_forwarded_total | counter | - (handed on to sibling workers) |
-| prefix_epp_sync_dropped_records_total | counter | reason (outbox_full, peer_queue_full) |
-| prefix_epp_sync_rejected_frames_total | counter | reason (unauthenticated, malformed, bad_reply) |
+| prefix_epp_sync_dropped_records_total | counter | reason (`DROP_REASONS`) |
+| prefix_epp_sync_rejected_frames_total | counter | reason (`REJECT_REASONS`, extproc/sync/wire.py) |
 | prefix_epp_sync_connect_failures_total | counter | - |
 | prefix_epp_sync_snapshots_served_total, _snapshot_entries_loaded_total | counter | - |
 | prefix_epp_sync_peers / prefix_epp_sync_peers_connected | gauge | - |
@@ -24,9 +24,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from extproc.sync.manager import PeerSync
+from extproc.sync.wire import REASONS
 
-DROP_REASONS = ("outbox_full", "peer_queue_full")
-REJECT_REASONS = ("unauthenticated", "malformed", "bad_reply")
+DROP_REASONS = ("outbox_full", "peer_queue_full", "frame_too_large", "unknown_endpoint")
+REJECT_REASONS = REASONS
 
 
 class SyncCollector(Collector):

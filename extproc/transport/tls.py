@@ -4,6 +4,11 @@
 Kubernetes TLS Secret). Without it, a self-signed certificate is generated at start-up; Envoy's
 reference configuration does not verify the picker's certificate. ECDSA P-256 keys are used
 because they are generated in milliseconds (an RSA-4096 key takes seconds on a small pod).
+
+Peer sync over TLS (`--sync-tls`, `peer_tls`) needs `--cert-path`: every replica serves the same
+certificate and verifies its peers' against DIR/ca.crt when the Secret has one, else against
+tls.crt itself (the replicas share it), under the certificate's first DNS name (peers are dialled
+by pod IP, so the name is pinned rather than taken from the address).
 """
 
 from __future__ import annotations
@@ -51,3 +56,25 @@ def server_credentials(cert_path: str) -> grpc.ServerCredentials:
     else:
         key_pem, cert_pem = self_signed()
     return grpc.ssl_server_credentials([(key_pem, cert_pem)])
+
+
+def peer_tls(cert_path: str) -> tuple[grpc.ServerCredentials, grpc.ChannelCredentials, str]:
+    """(server credentials, channel credentials, expected server name) for peer sync over TLS."""
+    if not cert_path:
+        raise ValueError("--sync-tls needs --cert-path: peers verify each other's certificate")
+    directory = Path(cert_path)
+    key_pem = (directory / "tls.key").read_bytes()
+    cert_pem = (directory / "tls.crt").read_bytes()
+    ca = directory / "ca.crt"
+    roots = ca.read_bytes() if ca.is_file() and ca.stat().st_size else cert_pem
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName)
+    except x509.ExtensionNotFound:
+        names = []
+    cn = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if not names and not cn:
+        raise ValueError(f"{directory / 'tls.crt'} names no host (no DNS subject alternative name, no CN)")
+    return (grpc.ssl_server_credentials([(key_pem, cert_pem)]), grpc.ssl_channel_credentials(root_certificates=roots),
+            (names or cn)[0])

@@ -104,3 +104,9 @@ def test_affinity_flags_parse_and_the_session_header_is_validated() -> None:
     for bad in ("x session", "x-séance", ":authority"):
         with pytest.raises(SystemExit, match="--session-header must be an HTTP header name"):
             serve.validate(config("--session-header", bad))
+
+
+def test_sync_tls_needs_a_certificate_peers_can_verify() -> None:
+    with pytest.raises(SystemExit, match="--sync-tls needs --cert-path"):
+        serve.validate(config("--sync-tls"))
+    assert not check(config("--sync-tls", "--cert-path=/etc/tls"))

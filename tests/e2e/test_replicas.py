@@ -210,10 +210,12 @@ async def test_a_non_peer_cannot_inject_entries(tmp_path: Path) -> None:
         from dataclasses import replace
 
         from extproc.config.settings import SyncConfig
+        from extproc.core.datastore import Datastore
         from extproc.prefix.index import PrefixIndex
 
         cfg = replace(SyncConfig(), port=free_ports(1)[0], peers=(f"127.0.0.1:{sync_port}",), backoff_max_s=0.2)
-        rogue = PeerSync(cfg, b"not-the-secret-of-the-peers", PrefixIndex(100), None, bind="127.0.0.1")
+        rogue = PeerSync(cfg, b"not-the-secret-of-the-peers", PrefixIndex(100), None, datastore=Datastore(),
+                         bind="127.0.0.1")
         await rogue.start()
         try:
             rogue.index.on_record(rogue.outbox.record)

@@ -3,34 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 
-from extproc.config.settings import SyncConfig
 from extproc.prefix.index import PrefixIndex
 from extproc.sync.manager import PeerSync
 from testkit.procs import free_ports
-
-SECRET = b"k" * 32
-FAST = replace(SyncConfig(), flush_interval_s=0.005, backoff_initial_s=0.05, backoff_max_s=0.2, warm_timeout_s=3.0)
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
-def replica(port: int, peers: list[int], secret: bytes = SECRET, **cfg: object) -> PeerSync:
-    config = replace(FAST, port=port, peers=tuple(f"127.0.0.1:{p}" for p in peers), **cfg)  # type: ignore[arg-type]
-    index = PrefixIndex(1000)
-    sync = PeerSync(config, secret, index, None, bind="127.0.0.1")
-    index.on_record(sync.outbox.record)
-    return sync
+from testkit.sync import FAST, SECRET, pool, replica, until
 
 
 @pytest.fixture
@@ -154,15 +135,14 @@ async def test_scale_down_and_up_follow_set_peers(pair: tuple[PeerSync, PeerSync
 
 async def test_precise_speculative_entries_are_shared() -> None:
     from extproc.config.settings import KVEventsConfig
-    from extproc.core.datastore import Datastore
     from extproc.kvevents.manager import KVEventsManager
 
     pa, pb = free_ports(2)
-    managers = [KVEventsManager(KVEventsConfig(speculative_ttl_s=60), Datastore()) for _ in range(2)]
+    managers = [KVEventsManager(KVEventsConfig(speculative_ttl_s=60), pool()) for _ in range(2)]
     syncs = []
     for port, peer, manager in ((pa, pb, managers[0]), (pb, pa, managers[1])):
         cfg = replace(FAST, port=port, peers=(f"127.0.0.1:{peer}",))
-        sync = PeerSync(cfg, SECRET, PrefixIndex(100), manager, bind="127.0.0.1")
+        sync = PeerSync(cfg, SECRET, PrefixIndex(100), manager, datastore=manager.datastore, bind="127.0.0.1")
         manager.on_record(sync.outbox.speculative)
         await sync.start()
         syncs.append(sync)

@@ -59,7 +59,7 @@ def test_old_frames_and_bombs_are_refused() -> None:
 
 def test_garbage_with_a_valid_mac_is_refused() -> None:
     c = codec()
-    body = zlib.compress(b"PX\x01\x09" + b"\x00" * 16)
+    body = zlib.compress(b"PX\x02\x09" + b"\x00" * 32)
     with pytest.raises(FrameError, match="unknown frame"):
         c.decode(c._mac(body) + body)
 
