@@ -72,6 +72,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         try:
             async for resp in processor.run(_Reads(context)):
                 yield resp
+                del resp
             reset = False
         finally:
             self._streams.closed()

@@ -123,6 +123,7 @@ class StreamProcessor:
         try:
             async for resp in inner:
                 yield resp
+                del resp  # not kept while the next message is awaited (an echoed chunk: up to 62000 bytes)
         except Exception as exc:
             yield self._internal_error(exc)
         finally:

@@ -15,6 +15,8 @@ import pytest
 
 from extproc.pb import external_processor_pb2 as pb
 from extproc.request.openai import ParsedRequest
+from extproc.transport.body_budget import BodyBudget
+from extproc.transport.body_intake import BodyIntake
 from extproc.transport.processor import StreamProcessor
 from testkit.extproc_grpc import open_stream, serving, wait_until
 from testkit.extproc_stream import (
@@ -49,6 +51,47 @@ def body_msg(chunk: bytes, eos: bool) -> pb.ProcessingRequest:
     msg.request_body.body = chunk
     msg.request_body.end_of_stream = eos
     return msg
+
+
+# -- BodyIntake itself ---------------------------------------------------------------------------
+async def test_intake_charges_chunks_refuses_declared_lengths_and_waits_until_its_deadline() -> None:
+    budget = BodyBudget(100)
+    other = BodyIntake(budget, 80, 10.0)
+    assert other.add(b"x" * 30) is None and budget.used == 30
+    intake = BodyIntake(budget, 80, 0.05)
+    err = intake.admit_declared(81)
+    assert err is not None and err.http_status == 413
+    err = intake.admit_declared(71)  # 30 of 100 are taken
+    assert err is not None and err.http_status == 429 and err.retry_after_s == 1
+    assert intake.admit_declared(70) is None and budget.used == 30  # admitted, nothing reserved
+    assert intake.add(b"y" * 40) is None and budget.used == 70 and intake.held == 40
+    assert intake.peek(b"z") == b"y" * 40 + b"z"
+    err = intake.add(b"y" * 31)
+    assert err is not None and err.http_status == 429
+    intake.release()
+    assert budget.used == 30 and intake.done and intake.deadline is None
+
+    async def silent() -> AsyncIterator[int]:
+        await asyncio.Event().wait()
+        yield 1
+
+    async def two() -> AsyncIterator[int]:
+        yield 1
+        yield 2
+
+    fresh = BodyIntake(budget, 80, 0.05)
+    assert fresh.deadline is None
+    fresh.start()
+    assert fresh.deadline is not None
+    assert await fresh.next_message(silent()) is None  # the deadline passed first
+    err = fresh.timed_out()
+    assert err.http_status == 408 and err.message == "the request body did not arrive within 0.05 s"
+    fresh.take()  # body complete: no deadline any more
+    stream = two()
+    assert fresh.deadline is None and await fresh.next_message(stream) == 1
+    assert await fresh.next_message(stream) == 2
+    with pytest.raises(StopAsyncIteration):
+        await fresh.next_message(stream)
 
 
 # -- budget: what is received, never what is declared ----------------------------------------------
