@@ -185,8 +185,15 @@ FLAGS: tuple[Flag, ...] = (
          "share of requests whose response body the picker asks for, to compare predicted and reported "
          "cached tokens (0..1; needs a gateway that honours mode_override)", Range(0, 1)),
     Flag("--max-buffered-bytes", "max_buffered_bytes", INT, SCHEDULING,
-         "request-body bytes buffered by all streams together; new requests beyond it get 429 with Retry-After "
-         "(a declared content-length is reserved up front, so admitted requests are never cut off)", AT_LEAST_1),
+         "request-body bytes buffered by all streams together, counted as received; beyond it 429 with "
+         "Retry-After (a declared content-length larger than what is free is refused at once, never reserved)",
+         AT_LEAST_1),
+    Flag("--request-body-timeout", "request_body_timeout_s", DURATION, SCHEDULING,
+         "time from the request headers to the end of the body; a slower body gets 408 and its stream is ended",
+         POSITIVE),
+    Flag("--enable-test-endpoint-selection", "test_endpoint_selection", BOOL, SCHEDULING,
+         "honour the test-epp-endpoint-selection request header (conformance tests): any client may then choose "
+         "its endpoint; off, the header is ignored and counted in prefix_epp_ignored_headers_total"),
     Flag("--explain-decisions", "explain_decisions", BOOL, SCHEDULING,
          "add an x-prefix-epp-decision response header: the endpoint, matched/total blocks, affinity=hit or miss, "
          "each scorer's score, each candidate's predicted TTFT"),

@@ -236,6 +236,16 @@ class EppConfig:
     # All streams' buffered bodies together (429 + Retry-After beyond): a quarter of the chart's 2 GiB
     # memory limit (extproc/transport/body_budget.py).
     max_buffered_bytes: int = 512 * 1024 * 1024
+    # From the request headers to the body's end; past it 408 and the stream's hold is released
+    # (extproc/transport/body_intake.py). Generous for a 64 MiB body on a slow link, short enough
+    # that a stalled or trickled body cannot hold budget and a stream for long.
+    request_body_timeout_s: float = 30.0
+    # Honour the conformance tests' test-epp-endpoint-selection header (a client then picks its
+    # endpoint); off, the header is ignored and counted (extproc/transport/control_headers.py).
+    test_endpoint_selection: bool = False
+    # Concurrent grpc.health.v1 Watch streams served; more get RESOURCE_EXHAUSTED (Check is unbounded
+    # in number but answers at once). Kubelet and Envoy use Check.
+    max_health_watches: int = 64
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval_s: float = 0.05
     metrics_staleness_threshold_s: float = 2.0

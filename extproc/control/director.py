@@ -3,8 +3,10 @@
 route(ctx):
 1. Parse the body (400 on invalid JSON, a non-object or a missing model).
 2. Resolve the request's priority from its InferenceObjective header.
-3. Candidates: the datastore's endpoints, narrowed by the proxy's subset hint and by the
-   `test-epp-endpoint-selection` header; none left -> 503.
+3. Candidates: the datastore's endpoints, narrowed by the proxy's subset hint and, where the
+   transport passed it on (`--enable-test-endpoint-selection`), by the conformance tests'
+   `test-epp-endpoint-selection` header; none left -> 503. The header's 503 says only that no
+   endpoint is eligible, never which of the addresses it named is or is not in the pool.
 4. Admission (saturation: sheddable requests get 429 while the pool is saturated).
 5. Hash the prompt into prefix blocks and its affinity hint, if any (`prompt_cache_key`, else the
    session header: extproc/control/affinity.py), and, with KV events on, tokenize it
@@ -129,8 +131,7 @@ class Director:
             wanted = _parse_endpoint_list([ctx.test_selection])
             endpoints = [ep for ep in endpoints if _matches(ep, wanted)]
             if not endpoints:
-                raise EppError(ErrorCode.SERVICE_UNAVAILABLE,
-                               "no endpoint matches the test-epp-endpoint-selection header")
+                raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no eligible endpoint for this request")
         return endpoints
 
     def new_request_id(self) -> str:

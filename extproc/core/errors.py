@@ -20,6 +20,7 @@ import orjson
 class ErrorCode(enum.Enum):
     BAD_REQUEST = "BadRequest"
     NOT_FOUND = "NotFound"
+    REQUEST_TIMEOUT = "RequestTimeout"
     PAYLOAD_TOO_LARGE = "PayloadTooLarge"
     RESOURCE_EXHAUSTED = "ResourceExhausted"
     INTERNAL = "Internal"
@@ -29,6 +30,7 @@ class ErrorCode(enum.Enum):
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.BAD_REQUEST: 400,
     ErrorCode.NOT_FOUND: 404,
+    ErrorCode.REQUEST_TIMEOUT: 408,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.RESOURCE_EXHAUSTED: 429,
     ErrorCode.INTERNAL: 500,
@@ -39,6 +41,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
 ERROR_TYPE: dict[ErrorCode, str] = {
     ErrorCode.BAD_REQUEST: "BadRequestError",
     ErrorCode.NOT_FOUND: "NotFoundError",
+    ErrorCode.REQUEST_TIMEOUT: "RequestTimeoutError",
     ErrorCode.PAYLOAD_TOO_LARGE: "PayloadTooLargeError",
     ErrorCode.RESOURCE_EXHAUSTED: "RateLimitError",
     ErrorCode.INTERNAL: "InternalServerError",

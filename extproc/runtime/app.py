@@ -114,7 +114,7 @@ class App:
                 self.metrics.registry.register(LatencyCollector(observer.model))
         if cfg.sync.port or self.role.count > 1:
             self._wire_sync()
-        self.health = HealthServicer(self._ready)
+        self.health = HealthServicer(self._ready, cfg.max_health_watches)
         self.body_budget = BodyBudget(cfg.max_buffered_bytes)
 
     def _wire_sync(self) -> None:

@@ -22,6 +22,7 @@ EPP's dashboards).
 | prefix_epp_inflight_requests | gauge | endpoint |
 | prefix_epp_open_streams | gauge | - (ext_proc streams open now) |
 | prefix_epp_extproc_streams_total | counter | end (closed: half-closed by the proxy; reset: cancelled) |
+| prefix_epp_ignored_headers_total | counter | header (test-epp-endpoint-selection without its flag) |
 | inference_pool_ready_pods | gauge | name |
 | inference_pool_average_kv_cache_utilization | gauge | name (fresh scrapes only, as the Go EPP) |
 | inference_pool_average_queue_size | gauge | name (vllm:num_requests_waiting, fresh scrapes only) |
@@ -164,6 +165,8 @@ class EppMetrics:
         self._affinity = {(source, hit): affinity.labels(source, str(hit).lower())
                           for source in SOURCES for hit in (False, True)}
         streams = Counter("prefix_epp_extproc_streams", "ext_proc streams by how they ended", ["end"], registry=r)
+        self._ignored_headers = Counter("prefix_epp_ignored_headers", "Requests carrying a control header the "
+                                        "picker is configured to ignore", ["header"], registry=r)
         self._stream_ends = (streams.labels("closed"), streams.labels("reset"))
         self._children: dict[tuple[object, ...], Any] = {}
         self.observe_decision: Callable[[float], None] = self._decision.observe
@@ -180,6 +183,10 @@ class EppMetrics:
     def stream_ended(self, reset: bool) -> None:
         """One ext_proc stream ended: closed by the proxy's half-close, or reset (cancelled)."""
         self._stream_ends[reset].inc()
+
+    def ignored_header(self, name: str) -> None:
+        """A request sent `name`, which the picker ignores (one of a fixed few: a bounded label)."""
+        self._child(self._ignored_headers, (name,)).inc()
 
     def count_message(self, kind: str | None) -> None:
         """One ext_proc message from the proxy (per message: a dict lookup and an increment)."""

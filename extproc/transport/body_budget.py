@@ -6,11 +6,11 @@ grows with concurrent bodies, not with one. `--max-request-body-bytes` bounds on
 room for the prefix index, the transient copy of a body while it is parsed and gRPC's buffers)
 bounds them all together.
 
-A stream reserves its body before buffering it: the whole `content-length` when the request
-declares one (so an admitted request is never refused half-way), otherwise chunk by chunk as
-they arrive. A reservation that does not fit gets 429 with `Retry-After`; streams that already
-hold a reservation are untouched. The reservation (one `Reservation` per stream) is returned when
-the body has been handed back to Envoy or the stream ends, whichever comes first.
+A stream's reservation (one `Reservation` each, held by its `BodyIntake`,
+extproc/transport/body_intake.py) grows chunk by chunk to the bytes received, never to a declared
+`content-length`, so a stream that has sent nothing holds nothing. A chunk that does not fit gets
+429 with `Retry-After`; other streams' reservations are untouched. The reservation is returned
+when the body has been handed back to Envoy or the stream ends, whichever comes first.
 
 Everything runs on the event loop, so the counter needs no lock.
 """

@@ -4,7 +4,11 @@
 Every ext_proc stream is counted open/closed in a `StreamTracker` (extproc/transport/streams.py) so a drain
 can wait for the last one. With `reuse_port` (--workers > 1) several processes bind the ext_proc
 port and the kernel spreads connections over them; `health_port` 0 serves no separate health port
-(a worker other than the first: the pod has one health endpoint)."""
+(a worker other than the first: the pod has one health endpoint).
+
+The servicer reads the stream with `context.read()` (`_Reads`), not gRPC's request iterator: that
+iterator is an async generator whose frame keeps the last message until the next one arrives, so
+a request's body message would stay referenced for as long as its response streams."""
 
 from __future__ import annotations
 
@@ -31,6 +35,24 @@ _OPTIONS = [
 ]
 
 
+class _Reads:
+    """The stream's messages, one `context.read()` each; nothing is kept once a message is returned."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+
+    def __aiter__(self) -> _Reads:
+        return self
+
+    async def __anext__(self) -> pb.ProcessingRequest:
+        msg = await self._context.read()
+        if msg is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return msg  # type: ignore[no-any-return]
+
+
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool, streams: StreamTracker,
                  budget: BodyBudget | None) -> None:
@@ -48,8 +70,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._metrics.open_streams += 1
         reset = True  # until the proxy's half-close ends the requests: a reset (or a fault)
         try:
-            async for resp in processor.run(request_iterator):
+            async for resp in processor.run(_Reads(context)):
                 yield resp
+                del resp
             reset = False
         finally:
             self._streams.closed()

@@ -50,8 +50,10 @@ Refused at the first message (500 naming the mode, one log line per mode): reque
 other than FULL_DUPLEX_STREAMED and BUFFERED. STREAMED and BUFFERED_PARTIAL forward the headers
 before the body is complete, so the picker could not route on the prompt; NONE never sends the
 body at all (a bodiless request is still routed in every mode).
-Buffered request bytes are reserved against a process-wide budget (extproc/transport/body_budget.py):
-the declared content-length at the headers, else chunk by chunk; 429 + Retry-After beyond it.
+Body intake (extproc/transport/body_intake.py): received bytes, never declared ones, are charged
+to the shared budget; the body must end within `--request-body-timeout` of the headers (408).
+Once routed, a stream keeps its request id, endpoint, decision and model name, nothing of the
+body (parsed tree, tokens, chunks and messages are dropped): a long generation holds KiBs.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ from extproc.pb import envoy_processing_mode_pb2 as mode_pb
 from extproc.pb import external_processor_pb2 as pb
 from extproc.telemetry.epp import EppMetrics
 from extproc.transport import responses as R
-from extproc.transport.body_budget import RETRY_AFTER_S, BodyBudget, Reservation
+from extproc.transport.body_budget import BodyBudget
+from extproc.transport.body_intake import BodyIntake
+from extproc.transport.control_headers import read_control_headers
 from extproc.transport.lb_metadata import served_endpoint, subset_hint
 
 if TYPE_CHECKING:
@@ -83,31 +87,26 @@ _BUFFERED = mode_pb.ProcessingMode.BUFFERED
 _FULL_DUPLEX = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
 _NONE = mode_pb.ProcessingMode.NONE
 EXPLAIN_HEADER = "x-prefix-epp-decision"
-_WANTED_HEADERS = frozenset({
-    ":path", ":method", "x-request-id", "test-epp-endpoint-selection", "x-gateway-inference-objective",
-    "content-length",
-})
 _SUPPORTED_BODY_MODES = frozenset({_BUFFERED, _FULL_DUPLEX})
 _MAX_ECHOED_ID = 256  # a longer client x-request-id is not echoed in error replies
 _refused_modes_logged: set[int] = set()
 
 
 class StreamProcessor:
-    __slots__ = ("_body", "_body_bytes", "_body_done", "_director", "_endpoint", "_explain", "_headers_seen",
-                 "_metrics", "_new_request_id", "_request_mode", "_reservation", "_response_mode", "_sampled",
-                 "_session_header", "_usage", "ctx", "decision")
+    __slots__ = ("_director", "_endpoint", "_explain", "_headers_seen", "_intake", "_metrics", "_model",
+                 "_new_request_id", "_request_mode", "_response_mode", "_sampled", "_session_header",
+                 "_test_selection", "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
                  budget: BodyBudget | None = None) -> None:
+        cfg = director.config
         self._director = director
-        self._reservation = Reservation(budget)
+        self._intake = BodyIntake(budget, cfg.max_request_body_bytes, cfg.request_body_timeout_s)
         self._headers_seen = False
         self._metrics = metrics
         self._explain = explain
         self.ctx = RequestContext()
-        self._body: list[bytes] = []
-        self._body_bytes = 0
-        self._body_done = False
+        self._model = ""  # the routed request's model, kept for the metrics once ctx.parsed is dropped
         self._new_request_id: str | None = None
         self._endpoint: Endpoint | None = None
         self.decision: Decision | None = None
@@ -115,7 +114,8 @@ class StreamProcessor:
         self._response_mode = _NONE
         self._usage: UsageTracker | None = None
         self._sampled: bool | None = None  # asked of the usage sampler at request headers, or not yet
-        self._session_header = header_to_read(director.config.affinity)  # "": no header name is empty
+        self._session_header = header_to_read(cfg.affinity)  # "": no header name is empty
+        self._test_selection = cfg.test_endpoint_selection
 
     async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
         """The exchange, guarded: an unexpected exception ends the stream with a 500, never a gRPC error."""
@@ -123,6 +123,7 @@ class StreamProcessor:
         try:
             async for resp in inner:
                 yield resp
+                del resp  # not kept while the next message is awaited (an echoed chunk: up to 62000 bytes)
         except Exception as exc:
             yield self._internal_error(exc)
         finally:
@@ -131,41 +132,56 @@ class StreamProcessor:
     async def _exchange(
         self, requests: AsyncIterator[pb.ProcessingRequest]
     ) -> AsyncGenerator[pb.ProcessingResponse, None]:
+        """One message at a time; a message lives only while `_handle` runs, a reply until it is sent."""
+        stream = aiter(requests)
         try:
-            count = self._metrics.count_message
-            async for msg in requests:
-                if msg.HasField("protocol_config"):
-                    self._configure(msg.protocol_config)
-                kind = msg.WhichOneof("request")
-                count(kind)
-                if kind == "request_headers":
-                    out = self.on_request_headers(msg)
-                elif kind == "request_body":
-                    body = msg.request_body
-                    if body.end_of_stream and not self._body_done and self._director.tokenizes_async:
-                        last = body.body
-                        if self._body_bytes + len(last) <= self._director.config.max_request_body_bytes:
-                            chunks = [*self._body, last] if last else self._body
-                            await self._director.prepare(self.ctx,
-                                                         chunks[0] if len(chunks) == 1 else b"".join(chunks))
-                    out = self.on_request_body(body)
-                elif kind == "request_trailers":
-                    out = self.on_request_trailers()
-                elif kind == "response_headers":
-                    out = self.on_response_headers(msg.response_headers, msg)
-                elif kind == "response_body":
-                    out = self.on_response_body(msg.response_body)
-                elif kind == "response_trailers":
-                    out = self.on_response_trailers()
-                else:
-                    continue
-                for resp in out:
+            while True:
+                try:
+                    msg = await self._intake.next_message(stream)
+                except StopAsyncIteration:
+                    return
+                if msg is None:  # the body's deadline passed
+                    yield self._refuse_body(self._intake.timed_out())
+                    return
+                out = await self._handle(msg)
+                del msg
+                out.reverse()  # popped from the end: each reply is dropped once it is sent
+                while out:
+                    resp = out.pop()
+                    immediate = resp.HasField("immediate_response")
                     yield resp
-                    if resp.HasField("immediate_response"):
+                    del resp
+                    if immediate:
                         return
         finally:
-            self._reservation.release()
+            self._intake.release()
             self._complete()
+
+    async def _handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if msg.HasField("protocol_config"):
+            self._configure(msg.protocol_config)
+        kind = msg.WhichOneof("request")
+        self._metrics.count_message(kind)
+        if kind == "request_headers":
+            return self.on_request_headers(msg)
+        if kind == "request_body":
+            body = msg.request_body
+            intake = self._intake
+            if body.end_of_stream and not intake.done and self._director.tokenizes_async:
+                last = body.body
+                if intake.fits(last):
+                    await self._director.prepare(self.ctx, intake.peek(last))
+                del last
+            return self.on_request_body(body)
+        if kind == "request_trailers":
+            return self.on_request_trailers()
+        if kind == "response_headers":
+            return self.on_response_headers(msg.response_headers, msg)
+        if kind == "response_body":
+            return self.on_response_body(msg.response_body)
+        if kind == "response_trailers":
+            return self.on_response_trailers()
+        return []
 
     def _configure(self, cfg: pb.ProtocolConfiguration) -> None:
         """Envoy sends its processing modes once, with the first message of the stream."""
@@ -178,49 +194,27 @@ class StreamProcessor:
             return []
         self._headers_seen = True
         ctx = self.ctx
-        bad_header = ""
-        declared = ""
-        session = self._session_header
-        for h in msg.request_headers.headers.headers:
-            key = h.key
-            if key in _WANTED_HEADERS or key == session:
-                if h.raw_value:
-                    try:
-                        value = h.raw_value.decode()
-                    except UnicodeDecodeError:
-                        bad_header = bad_header or key
-                        continue
-                else:
-                    value = h.value
-                if key == session:  # may also be one of the headers below
-                    ctx.session = value
-                if key == ":path":
-                    ctx.path = value
-                elif key == ":method":
-                    ctx.method = value
-                elif key == "x-request-id":
-                    ctx.request_id = value
-                elif key == "test-epp-endpoint-selection":
-                    ctx.test_selection = value
-                elif key == "content-length":
-                    declared = value
-                elif key == "x-gateway-inference-objective":
-                    ctx.objective = value
+        intake = self._intake
+        read = read_control_headers(msg.request_headers.headers, ctx, self._session_header, self._test_selection)
+        if read.ignored:
+            self._metrics.ignored_header(read.ignored)
         ctx.subset = subset_hint(msg)
         if not ctx.request_id:
             ctx.request_id = self._new_request_id = self._director.new_request_id()
-        if bad_header:
-            self._body_done = True
-            return [self._error(EppError(ErrorCode.BAD_REQUEST, f"header {bad_header} is not valid UTF-8"))]
+        if read.bad:
+            intake.release()
+            return [self._error(EppError(ErrorCode.BAD_REQUEST, f"header {read.bad} is not valid UTF-8"))]
         if msg.request_headers.end_of_stream:
             resp = self._route_bodiless()
         elif self._request_mode not in _SUPPORTED_BODY_MODES:
             return [self._refuse_mode()]
         else:
+            declared = read.declared
             if declared.isascii() and declared.isdigit():
-                refused = self._reserve(int(declared))
+                refused = intake.admit_declared(int(declared))
                 if refused is not None:
-                    return [refused]
+                    return [self._refuse_body(refused)]
+            intake.start()
             if self._request_mode != _BUFFERED:
                 return []  # FULL_DUPLEX_STREAMED: the headers reply waits for the decision
             resp = R.empty_request_headers()
@@ -233,7 +227,7 @@ class StreamProcessor:
         return [resp]
 
     def _refuse_mode(self) -> pb.ProcessingResponse:
-        self._body_done = True
+        self._intake.release()
         mode = self._request_mode
         name = mode_pb.ProcessingMode.BodySendMode.Name(mode) if 0 <= mode <= 4 else str(mode)
         if mode not in _refused_modes_logged:
@@ -243,49 +237,32 @@ class StreamProcessor:
         return self._error(EppError(ErrorCode.INTERNAL, f"the endpoint picker does not support the ext_proc "
                                     f"request_body_mode {name}; use FULL_DUPLEX_STREAMED or BUFFERED"))
 
-    def _reserve(self, total: int) -> pb.ProcessingResponse | None:
-        """Hold `total` buffered bytes (413 above the per-request limit, 429 beyond the global budget)."""
-        limit = self._director.config.max_request_body_bytes
-        if total > limit:
-            return self._refuse_body(EppError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body exceeds {limit} bytes"))
-        if self._reservation.grow_to(total):
-            return None
-        return self._refuse_body(EppError(
-            ErrorCode.RESOURCE_EXHAUSTED, "the endpoint picker is buffering too many request bytes; retry later",
-            retry_after_s=RETRY_AFTER_S))
-
     def _refuse_body(self, err: EppError) -> pb.ProcessingResponse:
-        self._body_done = True
-        self._body = []
-        self._reservation.release()
+        self._intake.release()
         return self._error(err)
 
     def on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
-        if self._body_done:
+        if self._intake.done:
             return []
         if self._request_mode not in _SUPPORTED_BODY_MODES:
             return [self._refuse_mode()]  # Envoy skipped the headers phase
-        chunk = body.body
-        if chunk:
-            self._body_bytes += len(chunk)
-            refused = self._reserve(self._body_bytes)
-            if refused is not None:
-                return [refused]
-            self._body.append(chunk)
+        refused = self._intake.add(body.body)
+        if refused is not None:
+            return [self._refuse_body(refused)]
         if not body.end_of_stream:
             return []
         return self._route_body()
 
     def on_request_trailers(self) -> list[pb.ProcessingResponse]:
-        out = [] if self._body_done else self._route_body()
+        out = [] if self._intake.done else self._route_body()
         if out and out[-1].HasField("immediate_response"):
             return out
         out.append(R.empty_trailers(request=True))
         return out
 
     def _route_body(self) -> list[pb.ProcessingResponse]:
-        self._body_done = True
-        chunks, self._body = self._body, []
+        intake = self._intake
+        chunks = intake.take()
         start = time.perf_counter()
         ctx = self.ctx
         try:
@@ -295,8 +272,10 @@ class StreamProcessor:
             decision = self._director.route(ctx, raw)
             del raw
         except EppError as err:
-            self._reservation.release()
-            return [self._error(err)]
+            intake.release()
+            resp = self._error(err)
+            self._forget_body()
+            return [resp]
         self._metrics.observe_decision(time.perf_counter() - start)
         self.decision = decision
         self._endpoint = decision.primary
@@ -304,32 +283,41 @@ class StreamProcessor:
             self._usage = self._director.track_usage(ctx, decision, sampled=self._sampled)
         if decision.total_blocks:
             self._metrics.observe_hit_ratio(decision.matched_blocks / decision.total_blocks)
-        model = ctx.parsed.model if ctx.parsed else ""
-        self._metrics.routed(model, model)
+        self._forget_body()
+        self._metrics.routed(self._model, self._model)
         if decision.affinity_hit is not None:
             self._metrics.affinity(ctx.affinity_source, decision.affinity_hit)
         new_id = self._new_request_id
         if self._request_mode == _BUFFERED:
-            self._reservation.release()  # nothing to stream back: the body is no longer held
+            intake.release()  # nothing to stream back: the body is no longer held
             return [R.routed_headers(decision.destination, None, new_id, buffered=True)]
-        out = [R.routed_headers(decision.destination, self._body_bytes, new_id, buffered=False)]
+        out = [R.routed_headers(decision.destination, intake.received, new_id, buffered=False)]
         R.echo_request_body(chunks, out)
         # The body now lives on in the chunk replies only until they are written.
-        self._reservation.release()
+        intake.release()
         return out
 
+    def _forget_body(self) -> None:
+        """The decision is made: keep the model's name, drop the parsed body and its tokens."""
+        ctx = self.ctx
+        if ctx.parsed is not None:
+            self._model = ctx.parsed.model
+        ctx.parsed = None
+        ctx.tokens = None
+
     def _route_bodiless(self) -> pb.ProcessingResponse:
+        self._intake.release()
         try:
             ep = self._director.route_bodiless(self.ctx)
         except EppError as err:
             return self._error(err)
         self._endpoint = ep
-        self._body_done = True
         self._metrics.routed("", "")
         return R.routed_headers(ep.key, None, self._new_request_id, buffered=False)
 
     def _error(self, err: EppError) -> pb.ProcessingResponse:
-        model = self.ctx.parsed.model if self.ctx.parsed else ""
+        parsed = self.ctx.parsed
+        model = parsed.model if parsed is not None else self._model
         self._metrics.error(model, model, err.code.value, err.http_status)
         log.info("request rejected", extra={"request_id": self.ctx.request_id, "code": err.code.value,
                                              "status": err.http_status, "reason": err.message})
@@ -339,7 +327,7 @@ class StreamProcessor:
     def _internal_error(self, exc: Exception) -> pb.ProcessingResponse:
         """A fault of the picker itself: one log line with the traceback, without the exception's
         message (it may quote the prompt), and a 500 that names the request id."""
-        self._reservation.release()
+        self._intake.release()
         self._complete()
         rid = self.ctx.request_id or self._director.new_request_id()
         self.ctx.request_id = rid

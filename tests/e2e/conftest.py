@@ -11,6 +11,8 @@ from testkit.stack import Stack, stack
 
 @pytest.fixture(scope="module")
 def default_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Three echo backends, a plaintext picker with decision explanations, Envoy in full-duplex mode."""
-    with stack(tmp_path_factory.mktemp("stack"), 3, "--explain-decisions", "--seed", "7") as s:
+    """Three echo backends, a plaintext picker with decision explanations (and the conformance
+    tests' test-epp-endpoint-selection header honoured), Envoy in front of it."""
+    with stack(tmp_path_factory.mktemp("stack"), 3, "--explain-decisions", "--seed", "7",
+               "--enable-test-endpoint-selection") as s:
         yield s

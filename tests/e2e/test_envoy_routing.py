@@ -96,6 +96,7 @@ async def test_test_epp_endpoint_selection_header(default_stack: Stack) -> None:
         assert r.status == 503
         assert r.headers["content-type"] == "application/json"
         assert r.json()["error"]["type"] == "ServiceUnavailableError"
+        assert r.json()["error"]["message"] == "no eligible endpoint for this request"  # names no address
 
 
 @pytest.mark.parametrize(("raw", "needle"), [

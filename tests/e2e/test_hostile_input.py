@@ -116,3 +116,53 @@ def test_hostile_requests_through_envoy(tmp_path: Path) -> None:
         log = st.picker.log.read_text(errors="replace")
         assert "internal error" not in log
         assert "Traceback" not in log
+
+
+def _post(port: int, body: bytes, headers: tuple[bytes, ...] = ()) -> tuple[int, dict[str, str], bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     + b"".join(h + b"\r\n" for h in headers)
+                     + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        return _read_reply(sock)
+
+
+def _counter(metrics_port: int, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+@pytest.mark.parametrize("mode", ["BUFFERED", "FULL_DUPLEX_STREAMED"])
+def test_a_client_who_stalls_its_body_or_names_its_endpoint(tmp_path: Path, mode: str) -> None:
+    """Through Envoy: a body that stops half-way gets the picker's 408 (JSON) once
+    --request-body-timeout passes, and everything it held is released; without
+    --enable-test-endpoint-selection the test-epp-endpoint-selection header moves nothing."""
+    with stack(tmp_path, 2, "--request-body-timeout", "1s", request_body_mode=mode) as st:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", st.envoy_port), timeout=20) as sock:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                             b"content-length: 5000\r\n\r\n" + b'{"model": "m", "prompt": "never finished')
+                status, headers, body = _read_reply(sock)
+            assert status == 408, (status, body[:200])
+            assert headers.get("content-type") == "application/json"
+            err = json.loads(body)["error"]
+            assert err["type"] == "RequestTimeoutError" and err["code"] == 408
+        wait_until(lambda: _inflight(st.picker.metrics_port) == 0, timeout=15)
+        wait_until(lambda: _counter(st.picker.metrics_port, "prefix_epp_open_streams") == 0, timeout=15)
+
+        # A prompt that lives on one backend stays there whatever endpoint the header names.
+        prompt = json.dumps({"model": "m", "prompt": "pinned? " * 200, "max_tokens": 1}).encode()
+        status, headers, _ = _post(st.envoy_port, prompt)
+        assert status == 200
+        home = headers["x-served-by"]
+        other = next(b for b in st.backends if b != home)
+        for _ in range(5):
+            status, headers, _ = _post(st.envoy_port, prompt, (b"test-epp-endpoint-selection: " + other.encode(),))
+            assert status == 200 and headers["x-served-by"] == home
+        status, _, _ = _post(st.envoy_port, prompt, (b"test-epp-endpoint-selection: 10.255.0.1",))
+        assert status == 200  # no 503 that tells a guessed address from a pool member
+        assert _counter(st.picker.metrics_port, "prefix_epp_ignored_headers_total",
+                        header="test-epp-endpoint-selection") == 6
+        log = st.picker.log.read_text(errors="replace")
+        assert "internal error" not in log and "Traceback" not in log

@@ -125,7 +125,7 @@ def kube_stack(tmp: Path, backend_module: str, n_backends: int = 3,
     args = prefix_epp("serve", "--pool-name", "pool", "--pool-namespace", "default", "--kubeconfig", str(kubeconfig),
                       "--secure-serving=false", "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port),
                       "--grpc-health-port", str(health_port), "--metrics-port", str(metrics_port),
-                      "--explain-decisions")
+                      "--explain-decisions", "--enable-test-endpoint-selection")  # probe() pins requests
     try:
         with running(python_module(backend_module, *map(str, ports)), tmp / "backends.log", wait_port=ports[-1]), \
                 running(args, tmp / "picker.log", wait_port=health_port) as picker, \

@@ -44,8 +44,10 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize
 
 
 def _app() -> App:
-    # Small limits so that 413 and 429 are reached by the fuzzer, too.
-    app = App(EppConfig(seed=1, max_request_body_bytes=300_000, max_buffered_bytes=400_000))
+    # Small limits so that 413 and 429 are reached by the fuzzer, too; the test-epp-endpoint-selection
+    # header honoured, so its parsing is fuzzed (ignored, it is not read at all).
+    app = App(EppConfig(seed=1, max_request_body_bytes=300_000, max_buffered_bytes=400_000,
+                        test_endpoint_selection=True))
     app.datastore.set_endpoints(EndpointSpec(f"10.0.0.{i}", 8000) for i in range(1, 4))
     app.datastore.synced = True
     return app

@@ -1,4 +1,4 @@
-"""BodyBudget and one stream's Reservation of it: grown to the bytes seen, all or nothing."""
+"""BodyBudget and one stream's Reservation of it: grown to the bytes received, all or nothing."""
 
 from __future__ import annotations
 

@@ -119,17 +119,45 @@ async def test_subset_hint_ignored_when_disabled() -> None:
     assert out[0].WhichOneof("response") == "request_headers"
 
 
-async def test_test_epp_endpoint_selection_header() -> None:
-    app = make_app()
+async def test_test_epp_endpoint_selection_header_with_its_flag() -> None:
+    app = make_app(test_endpoint_selection=True)
     seen = set()
     for i in range(20):
         sel = ("test-epp-endpoint-selection", "10.0.0.1,10.0.0.3:8000")
         out = await drive(app, [headers_msg(extra=[sel]), *body_msgs(completion(f"p{i}" * 40))])
         seen.add(destination(out[0]))
     assert seen == {"10.0.0.1:8000", "10.0.0.3:8000"}
+    # A guessed address outside the pool and a pool member filtered out read the same: nothing
+    # in the reply names the header or the address.
     out = await drive(app, [headers_msg(extra=[("test-epp-endpoint-selection", "10.1.1.1")]),
                             *body_msgs(completion())])
-    assert out[0].immediate_response.status.code == 503
+    imm = out[0].immediate_response
+    assert imm.status.code == 503
+    assert error_body(imm)["message"] == "no eligible endpoint for this request"
+    assert b"10.1.1.1" not in imm.body and b"test-epp" not in imm.body
+
+
+async def test_test_epp_endpoint_selection_header_is_ignored_and_counted_by_default() -> None:
+    """The attack: any client pins its request to an endpoint of its choosing (or probes which
+    addresses are in the pool from the 503s). Without the flag the header changes nothing."""
+    app = make_app()
+    seen = set()
+    for i in range(30):
+        sel = ("test-epp-endpoint-selection", "10.0.0.2:8000")
+        out = await drive(app, [headers_msg(extra=[sel]), *body_msgs(completion(f"q{i} " * 40))])
+        seen.add(destination(out[0]))
+    assert seen == {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+    out = await drive(app, [headers_msg(extra=[("test-epp-endpoint-selection", "10.1.1.1")]),
+                            *body_msgs(completion())])
+    assert out[0].WhichOneof("response") == "request_headers"  # routed, not 503
+    # Bytes that are not UTF-8 in an ignored header are not read, so they fail nothing.
+    msg = headers_msg()
+    h = msg.request_headers.headers.headers.add()
+    h.key, h.raw_value = "test-epp-endpoint-selection", b"\xff\xfe"
+    out = await drive(app, [msg, *body_msgs(completion())])
+    assert out[0].WhichOneof("response") == "request_headers"
+    assert app.metrics.registry.get_sample_value(
+        "prefix_epp_ignored_headers_total", {"header": "test-epp-endpoint-selection"}) == 32
 
 
 async def test_forged_destination_is_overwritten_and_subset_header_removed() -> None:
@@ -243,7 +271,7 @@ async def test_fault_after_routing_releases_inflight() -> None:
 @pytest.mark.parametrize("header", ["test-epp-endpoint-selection", "x-gateway-inference-objective",
                                     ":path", "x-request-id"])
 async def test_header_bytes_that_are_not_utf8_get_400(header: str) -> None:
-    app = make_app()
+    app = make_app(test_endpoint_selection=True)
     msg = headers_msg()
     h = msg.request_headers.headers.headers.add()
     h.key, h.raw_value = header, b"\xff\xfe bad"
@@ -279,18 +307,18 @@ def _with_length(msg: pb.ProcessingRequest, n: int) -> pb.ProcessingRequest:
     return msg
 
 
-async def test_global_buffered_bytes_budget_429_for_new_requests_only() -> None:
-    app = make_app(max_buffered_bytes=100_000)
+async def test_global_buffered_bytes_budget_429_when_chunks_stop_fitting() -> None:
+    app = make_app(max_request_body_bytes=80_000, max_buffered_bytes=80_000)
     body = completion("y" * 50_000)
     held = StreamProcessor(app.director, app.metrics, False, app.body_budget)
     queue: list[pb.ProcessingRequest] = [_with_length(headers_msg(), len(body)), *body_msgs(body, chunk=20_000)]
-    first_chunks = queue[:2]
+    first_chunks = queue[:3]
 
     async def slow() -> AsyncIterator[pb.ProcessingRequest]:
         for m in first_chunks:
             yield m
         await gate.wait()
-        for m in queue[2:]:
+        for m in queue[3:]:
             yield m
 
     import asyncio
@@ -303,22 +331,19 @@ async def test_global_buffered_bytes_budget_429_for_new_requests_only() -> None:
 
     task = asyncio.create_task(consume())
     for _ in range(100):
-        if app.body_budget.used:
+        if app.body_budget.used == 40_000:
             break
         await asyncio.sleep(0)
-    assert app.body_budget.used == len(body)  # the declared length is reserved at the headers
-    # A second declared body that does not fit: 429 with Retry-After, at once.
-    out = await drive(app, [_with_length(headers_msg(), len(body)), *body_msgs(body)])
-    imm = out[0].immediate_response
-    assert imm.status.code == 429 and error_body(imm)["type"] == "RateLimitError"
-    assert {o.header.key: o.header.raw_value for o in imm.headers.set_headers}["retry-after"] == b"1"
+    assert app.body_budget.used == 40_000  # the bytes received so far
     # A chunked body without content-length is refused when its chunks stop fitting.
     out = await drive(app, [headers_msg(), *body_msgs(body, chunk=20_000)])
-    assert out[-1].immediate_response.status.code == 429
-    assert app.body_budget.used == len(body)
+    imm = out[-1].immediate_response
+    assert imm.status.code == 429 and error_body(imm)["type"] == "RateLimitError"
+    assert {o.header.key: o.header.raw_value for o in imm.headers.set_headers}["retry-after"] == b"1"
+    assert app.body_budget.used == 40_000
     gate.set()
     await task
-    assert collected[0].WhichOneof("response") == "request_headers"  # the admitted one is untouched
+    assert collected[0].WhichOneof("response") == "request_headers"  # the other one is untouched
     assert b"".join(r.request_body.response.body_mutation.streamed_response.body for r in collected[1:]) == body
     assert app.body_budget.used == 0
     ok = await drive(app, [_with_length(headers_msg(), len(body)), *body_msgs(body)])
