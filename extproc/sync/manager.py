@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import grpc
 
 from extproc.config.settings import SyncConfig
+from extproc.core.datastore import join_host_port
 from extproc.prefix.index import PrefixIndex
 from extproc.sync.link import PeerLink
 from extproc.sync.outbox import Outbox, SyncStats
@@ -145,7 +146,7 @@ class PeerSync:
             server = grpc.aio.server(options=options)
             add_to_server(server, SyncService(self.codec, self.origin, self.cfg, self.index, self.stats,
                                               self.apply, forward=fwd))
-            server.add_insecure_port(f"{host}:{port}")
+            server.add_insecure_port(join_host_port(host, port))
             await server.start()
             self._servers.append(server)
         loop = asyncio.get_running_loop()
