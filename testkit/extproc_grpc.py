@@ -40,8 +40,8 @@ class Served:
 async def serving(app: App) -> AsyncIterator[Served]:
     grpc_port, health_port = free_ports(2)
     servers = await start_servers(app.director, app.metrics, app.health, bind="127.0.0.1", grpc_port=grpc_port,
-                                  health_port=health_port, secure=False, cert_path="", explain=False,
-                                  streams=app.streams, budget=app.body_budget)
+                                  health_port=health_port, health_bind="127.0.0.1", secure=False, cert_path="",
+                                  explain=False, streams=app.streams, budget=app.body_budget)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as ext, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{health_port}") as hc:

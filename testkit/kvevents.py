@@ -10,6 +10,8 @@
   `subscribed` until every publisher has a subscriber, `wait_for` until any predicate holds.
 - `kv_event_batches(n)`: `n` vLLM-like event batches as the simulator publishes them, one
   `blocks`-block prompt stored in each (the index tests and `bench.components`).
+- `RawPublisher`: a bare XPUB socket (it sees each subscription arrive) for publishers that
+  misbehave: any frames, any sequence; `stored_batch` is one BlockStored batch of chosen size.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
+import zmq
+import zmq.asyncio
 
 from extproc.config.settings import KVEventsConfig
 from extproc.core.datastore import Datastore, EndpointSpec
@@ -131,3 +135,32 @@ def kv_event_batches(batches: int, blocks: int = 64, block_size: int = 16, seed:
         tokens = [rng.randrange(128_000) for _ in range(blocks * block_size)]
         payloads.append(encode_batch([BlockStored(hashes, None, tokens, block_size)], "array", 0.0))
     return payloads
+
+
+def stored_batch(first_hash: int, blocks: int, block_size: int = 16, parent: int | None = None) -> bytes:
+    """One EventBatch storing `blocks` chained blocks, hashes first_hash, first_hash + 1, ..."""
+    tokens = [(first_hash * 7 + i) % 100_000 for i in range(blocks * block_size)]
+    hashes = list(range(first_hash, first_hash + blocks))
+    return encode_batch([BlockStored(hashes, parent, tokens, block_size)], "array", 0.0)
+
+
+class RawPublisher:
+    """A bare XPUB socket on 127.0.0.1 that publishes whatever a test tells it to."""
+
+    def __init__(self, ctx: zmq.asyncio.Context) -> None:
+        self.sock = ctx.socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)  # keep everything for a slow subscriber: nothing lost here
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def subscribed(self, timeout: float = 15.0) -> None:
+        """Wait for the next subscription (a SUB socket that connected or reconnected)."""
+        while (await asyncio.wait_for(self.sock.recv(), timeout))[:1] != b"\x01":
+            pass
+
+    async def publish(self, seq: int, payload: bytes, topic: bytes = b"kv@test") -> None:
+        await self.sock.send_multipart([topic, seq.to_bytes(8, "big", signed=True), payload])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)

@@ -10,6 +10,7 @@ of the Gateway API Inference Extension where a knob has an equivalent there (`--
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,16 @@ class MetricsSourceConfig:
     scheme: str = "http"
     path: str = "/metrics"
     insecure_skip_verify: bool = True
+    # What a model server may report (extproc/scraping/scraper.py): vLLM's page is ~100 KB; a larger
+    # body is a failed scrape, never buffered whole.
+    max_body_bytes: int = 4 * 1024 * 1024
+    # Reported capacities beyond these are capped (logged once per endpoint): they size the prefix
+    # indexes. The largest engines in use (a 1B model, fp8 KV cache, 192 GB GPU) hold ~11M tokens,
+    # i.e. ~700k blocks of 16; a precise index entry costs ~230 bytes, so 2^20 blocks bound one
+    # engine's entries at ~240 MB.
+    max_num_gpu_blocks: int = 1 << 20
+    max_cache_tokens: int = 1 << 24  # num_gpu_blocks * block_size (16.7M tokens)
+    max_block_size: int = 4096  # vLLM uses 1..256 (hybrid models a few hundred more); beyond: unknown
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,12 @@ class KVEventsConfig:
     silence_timeout_s: float = 10.0  # routed to, no message since: uncertain (entries kept)
     replay_timeout_s: float = 1.0  # per message read from the replay socket
     max_messages_per_iteration: int = 64  # subscriber work between two yields to the event loop
+    # Bounds on what an engine may send, each explained in extproc/kvevents/limits.py.
+    max_message_bytes: int = 4 * 1024 * 1024  # ZMQ_MAXMSGSIZE: one step of ~450k tokens
+    receive_hwm: int = 64  # ZMQ_RCVHWM, messages per socket; beyond it the publisher queues (vLLM: 100k)
+    max_bytes_per_second: int = 4 * 1024 * 1024  # per (endpoint, rank); burst 2 s; beyond: dropped, resync
+    max_replay_messages: int = 20000  # taken from one replay (vLLM keeps buffer_steps = 10,000); beyond: resync
+    max_replay_bytes: int = 64 * 1024 * 1024  # taken from one replay; beyond: resync
     maintenance_interval_s: float = 0.5  # expire speculative entries, capacities, block size
     tokenizer: str = "builtin"  # builtin | remote | /path/to/tokenizer.json
     tokenize_timeout_s: float = 0.1  # remote: POST /tokenize on an endpoint
@@ -217,7 +234,10 @@ class EppConfig:
     grpc_port: int = 9002
     grpc_health_port: int = 9003
     metrics_port: int = 9090
-    bind_address: str = "0.0.0.0"
+    bind_address: str = "0.0.0.0"  # ext_proc; and every listener whose own address is empty
+    metrics_bind_address: str = ""  # /metrics; "" = bind_address
+    health_bind_address: str = ""  # gRPC health port; "" = bind_address
+    sync_bind_address: str = ""  # peer-sync port; "" = bind_address
     secure_serving: bool = True
     cert_path: str = ""
     endpoints: tuple[str, ...] = ()
@@ -271,6 +291,11 @@ class EppConfig:
     # Model names that keep their own metric label (besides those the engines report); any other
     # client-chosen name is counted as "other" (extproc/telemetry/labels.py).
     model_names: tuple[str, ...] = ()
+
+    def listen_address(self, listener: Literal["metrics", "health", "sync"]) -> str:
+        """The address a listener binds: its own flag's, else --bind-address."""
+        own: str = getattr(self, f"{listener}_bind_address")
+        return own or self.bind_address
 
 
 def defaults_of(cls: type) -> dict[str, object]:

@@ -3,8 +3,9 @@
 `check(config)` returns one message per invalid value, each naming the flag (and so the config
 field) it came from, e.g. `--prefix-block-size must be >= 1, got 0` (numbers: `RULES`, the flags'
 ranges from the flag table in extproc/config/flags.py and the config-file-only fields beside them
-here; the `--session-header` name and the cross-field checks: `check` itself); `prefix-epp serve`
-refuses to start with them instead of turning Ready and failing every request.
+here; the `--session-header` name, the listen addresses (IP literals) and the cross-field checks:
+`check` itself); `prefix-epp serve` refuses to start with them instead of turning Ready and failing
+every request.
 
 Flags and `--config-file` (`--config-text`), applied consistently:
 - a plugin parameter set in the file wins over the flag with the same meaning (`PARAMETER_FLAGS`), and
@@ -17,6 +18,7 @@ Flags and `--config-file` (`--config-text`), applied consistently:
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -31,6 +33,14 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 
 def valid_header_name(name: str) -> bool:
     return name == "" or _HEADER_NAME.fullmatch(name) is not None
+
+
+def valid_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,13 @@ def check(config: EppConfig) -> list[str]:
                         f"token characters) or empty, got {config.affinity.session_header!r}")
     if config.sync.tls and not config.cert_path:
         problems.append("--sync-tls needs --cert-path (tls.crt, tls.key): peers verify each other's certificate")
+    for flag, address, may_be_empty in (("--bind-address", config.bind_address, False),
+                                         ("--metrics-bind-address", config.metrics_bind_address, True),
+                                         ("--health-bind-address", config.health_bind_address, True),
+                                         ("--sync-bind-address", config.sync_bind_address, True)):
+        if not (address == "" and may_be_empty) and not valid_ip(address):
+            problems.append(f"{flag} must be an IP address such as 0.0.0.0, :: or 127.0.0.1"
+                            f"{' (or empty)' if may_be_empty else ''}, got {address!r}")
     ports = [p for p in (config.grpc_port, config.grpc_health_port, config.metrics_port) if p]
     if len(set(ports)) != len(ports):
         problems.append("--grpc-port, --grpc-health-port and --metrics-port must differ")

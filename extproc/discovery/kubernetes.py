@@ -24,6 +24,9 @@ then, and after the pool is deleted, it is False, so gRPC readiness reports NOT_
 selector change keeps readiness (the known pods are re-filtered at once, the relist follows).
 When the API is down the loops retry with capped, jittered backoff.
 
+A pod's KV-events annotation naming another host than the pod (extproc/discovery/pool.py) is
+refused: logged once per pod and annotation value, counted in `refused_annotations`.
+
 Client configuration: `--kubeconfig`, else env KUBECONFIG, else in-cluster, else ~/.kube/config.
 """
 
@@ -43,6 +46,7 @@ from extproc.config.settings import DiscoveryConfig, EppConfig
 from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.discovery.objectives import ObjectiveDiscovery
 from extproc.discovery.pool import (
+    KV_EVENTS_ANNOTATION,
     POOL_PLURAL,
     PodInfo,
     PoolError,
@@ -94,6 +98,7 @@ class KubernetesDiscovery:
         self.pool_watch: ListWatch | None = None
         self.pods_watch: ListWatch | None = None
         self.objectives: ObjectiveDiscovery | None = None
+        self.refused_annotations = 0  # KV-events annotations refused (pods and values as they changed)
 
     # -- request path ---------------------------------------------------------------------------
     def priority_of(self, objective: str) -> int:
@@ -195,8 +200,10 @@ class KubernetesDiscovery:
 
     # -- pods (loop thread) ---------------------------------------------------------------------
     def _on_pod_list(self, result: ListResult) -> None:
-        pods = (parse_pod(o) for o in result.items)
-        self._pods = {p.name: p for p in pods if p.name}
+        pods = {p.name: p for p in (parse_pod(o) for o in result.items) if p.name}
+        for pod in pods.values():
+            self._check_annotation(pod)
+        self._pods = pods
         self._pods_listed = self._pool is not None
         self._publish()
 
@@ -205,8 +212,20 @@ class KubernetesDiscovery:
         if kind == "DELETED":
             self._pods.pop(pod.name, None)
         else:
+            self._check_annotation(pod)
             self._pods[pod.name] = pod
         self._publish()
+
+    def _check_annotation(self, pod: PodInfo) -> None:
+        """Count and log a refused KV-events annotation when it is new for this pod."""
+        old = self._pods.get(pod.name)
+        if not pod.kv_events_refused or (old is not None and old.kv_events_refused and old.ip == pod.ip
+                                         and old.kv_events_raw == pod.kv_events_raw):
+            return
+        self.refused_annotations += 1
+        log.warning("kv-events annotation refused: a pod may only name ports on its own IP", extra={
+            "pod": pod.name, "pod_ip": pod.ip, "annotation": KV_EVENTS_ANNOTATION,
+            "value": pod.kv_events_raw[:200], "reason": pod.kv_events_refused})
 
     def _publish(self) -> None:
         """Diff the wanted endpoints against the published ones; update readiness."""

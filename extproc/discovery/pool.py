@@ -16,6 +16,15 @@ has a `status.podIP`. Each target port at index i is one endpoint `<podIP>:<port
 `<pod>-rank-<i>`. The annotation `llm-d.ai/active-ports` or, failing that,
 `inference.networking.k8s.io/active-ports` ("8000,8002") keeps only the listed ports; when the
 annotation is present but lists none of the target ports the pod has no endpoint (as in GIE).
+A `status.podIP` that is not an IP address gives no endpoint.
+
+KV events (`prefix-epp.io/kv-events-endpoint`, `kv_events_address`): the pod only chooses ports
+on its own address, as a pod template cannot know its IP anyway. Each side of `events[@replay]`
+is `PORT`, `tcp://*:PORT` (vLLM's own notation) or `tcp://<pod IP>:PORT`, and resolves to
+`tcp://<pod IP>:PORT`. An annotation naming any other host (a name, another IP) is refused: the
+endpoint keeps the default address (`tcp://<pod IP>:--kv-events-port`), and discovery logs it
+and counts it (`prefix_epp_discovery_refused_annotations_total`), so a pod cannot make the picker
+connect elsewhere.
 
 InferenceObjective (either API group, extproc/discovery/objectives.py): `spec.priority`
 (absent -> 0) for objectives whose `spec.poolRef.name` is our pool.
@@ -23,6 +32,7 @@ InferenceObjective (either API group, extproc/discovery/objectives.py): `spec.pr
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +74,9 @@ class PodInfo:
     ip: str
     ready: bool  # Ready=True and no deletionTimestamp
     active_ports: frozenset[int] | None  # None: no annotation, every target port is active
-    kv_events_endpoint: str = ""  # from the prefix-epp.io/kv-events-endpoint annotation
+    kv_events_endpoint: str = ""  # from the prefix-epp.io/kv-events-endpoint annotation, resolved
+    kv_events_refused: str = ""  # why that annotation was refused ("" when accepted or absent)
+    kv_events_raw: str = ""  # the annotation as written
 
 
 def pool_version(group: str) -> str:
@@ -123,6 +135,42 @@ def _active_ports(annotations: dict[str, Any]) -> frozenset[int] | None:
     return None
 
 
+def _own_port(side: str, pod_ip: str) -> int | None:
+    """The port of `PORT`, `tcp://*:PORT` or `tcp://<pod IP>:PORT`; None for anything else."""
+    host, port = "*", side
+    if side.startswith("tcp://"):
+        rest = side[6:]
+        host, sep, port = rest[1:].partition("]:") if rest.startswith("[") else rest.rpartition(":")
+        if not sep:
+            return None
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return None
+    if host != "*":
+        try:
+            if ipaddress.ip_address(host) != ipaddress.ip_address(pod_ip):
+                return None
+        except ValueError:
+            return None
+    return int(port)
+
+
+def kv_events_address(annotation: str, pod_ip: str) -> tuple[str, str]:
+    """(resolved `tcp://<pod IP>:port[@tcp://<pod IP>:port]`, "") or ("", why it is refused)."""
+    sides = annotation.split("@")
+    ports = [_own_port(side.strip(), pod_ip) for side in sides]
+    if len(sides) > 2 or any(p is None for p in ports):
+        return "", "names another host than the pod's own IP, or is not PORT, tcp://*:PORT or tcp://<pod IP>:PORT"
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    return "@".join(f"tcp://{host}:{p}" for p in ports), ""
+
+
+def _pod_ip(value: Any) -> str:
+    try:
+        return str(ipaddress.ip_address(str(value or "")))
+    except ValueError:
+        return ""
+
+
 def parse_pod(obj: dict[str, Any]) -> PodInfo:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
@@ -134,14 +182,19 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
     if meta.get("deletionTimestamp"):
         ready = False
     labels = meta.get("labels") or {}
+    ip = _pod_ip(status.get("podIP"))
+    annotation = str((meta.get("annotations") or {}).get(KV_EVENTS_ANNOTATION, "")).strip()
+    kv_events, refused = kv_events_address(annotation, ip) if annotation and ip else ("", "")
     return PodInfo(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-        ip=str(status.get("podIP") or ""),
+        ip=ip,
         ready=ready,
         active_ports=_active_ports(meta.get("annotations") or {}),
-        kv_events_endpoint=str((meta.get("annotations") or {}).get(KV_EVENTS_ANNOTATION, "")).strip(),
+        kv_events_endpoint=kv_events,
+        kv_events_refused=refused,
+        kv_events_raw=annotation,
     )
 
 

@@ -26,6 +26,11 @@ With a replay endpoint the subscriber also replays from 0 right after connecting
 running engine recovers its whole state when the engine's buffer still holds it. An undecodable
 payload counts as a loss (resync).
 
+Bounds on what an engine sends: extproc/kvevents/limits.py (frame size, queue, replay size, a byte
+budget per source; a message the budget cannot pay for is dropped and the source resyncs, as for a
+loss). One loop iteration takes at most `max_messages_per_iteration` messages and `ITERATION_BYTES`
+(1 MiB) before yielding.
+
 `SourceState` is what the manager reads: a source is *usable* once it has heard from its
 publisher (a message or a replay) and is not uncertain; an uncertain source becomes usable again
 once fresh events have been applied for `resync_window_s` (default 5 s). Test seam: `loss(endpoint,
@@ -44,12 +49,13 @@ import zmq.asyncio
 
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.index import PreciseIndex, Source
+from extproc.kvevents.limits import bounded_socket, budget_for, keep_connected
 from extproc.kvevents.wire import Cleared, Removed, Stored, WireError, decode_batch
 
 log = logging.getLogger("prefix_epp.kvevents")
 
 END_OF_REPLAY = -1
-MAX_REPLAY_MESSAGES = 1_000_000
+ITERATION_BYTES = 1 << 20  # payload bytes decoded between two yields (~10 ms of decoding)
 Clock = Callable[[], float]
 Loss = Callable[[str, int], bool]
 
@@ -94,7 +100,9 @@ class SubscriberStats:
                                                             "AllBlocksCleared": 0, "unknown": 0})
     gaps: int = 0
     restarts: int = 0
-    replays: dict[str, int] = field(default_factory=lambda: {"recovered": 0, "incomplete": 0, "failed": 0})
+    replays: dict[str, int] = field(default_factory=lambda: {"recovered": 0, "incomplete": 0, "failed": 0,
+                                                             "oversized": 0})
+    dropped: dict[str, int] = field(default_factory=lambda: {"rate-limited": 0})  # live messages
     resyncs: dict[str, int] = field(default_factory=dict)
     decode_errors: int = 0
     late_joins: int = 0
@@ -114,10 +122,11 @@ class Subscriber:
         self._on_heard = on_heard
         self._loss = loss
         self._dup_from: int | None = None  # live messages in [dup_from, next) were replayed already
+        self._budget = budget_for(config, clock())
+        self._replay_failure = "failed"  # outcome of the latest replay that returned None
 
     async def run(self) -> None:
-        sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = bounded_socket(self._ctx, zmq.SUB, self._config)
         try:
             sock.connect(self.address.events)
         except zmq.ZMQError as exc:
@@ -127,20 +136,26 @@ class Subscriber:
             return
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         limit = max(1, self._config.max_messages_per_iteration)
+        watcher = asyncio.get_running_loop().create_task(
+            keep_connected(sock, self.address.events, self.address.endpoint), name="kv-events reconnect")
         try:
             if self.address.replay:
                 await self._sync_from_start()
             while True:
                 batch = [await sock.recv_multipart()]
-                while len(batch) < limit:
+                taken = sum(map(len, batch[0]))
+                while len(batch) < limit and taken < ITERATION_BYTES:
                     try:
                         batch.append(await sock.recv_multipart(flags=zmq.NOBLOCK))
                     except zmq.Again:
                         break
+                    taken += sum(map(len, batch[-1]))
                 for frames in batch:
                     await self.on_frames(frames)
                 await asyncio.sleep(0)
         finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
             sock.close(linger=0)
 
     # -- message handling --------------------------------------------------------------------
@@ -152,7 +167,24 @@ class Subscriber:
         seq = int.from_bytes(frames[1], "big", signed=True)
         if self._loss is not None and self._loss(self.address.endpoint, seq):
             return
+        if not self._budget.take(sum(map(len, frames)), self._clock()):
+            self._drop(seq, "rate-limited")
+            return
         await self.on_message(seq, frames[2])
+
+    def _drop(self, seq: int, reason: str) -> None:
+        """Skip message `seq` knowingly: what it said is lost, so the source's entries go and it is
+        uncertain (logged when an episode starts); the sequence continues after it (no replay)."""
+        st = self.state
+        self._stats.dropped[reason] += 1
+        self._heard()
+        if st.uncertain_since is not None and st.reason == reason:
+            self._index.clear_source(self.address.source)  # entries applied since may miss its removals
+            st.fresh_since = None
+        else:
+            self._resync(reason)
+        st.next_seq = seq + 1
+        self._dup_from = None
 
     async def on_message(self, seq: int, payload: bytes) -> None:
         st = self.state
@@ -195,7 +227,7 @@ class Subscriber:
             await self._adopt_history(items)
         else:
             if self.address.replay:
-                self._stats.replays["failed" if items is None else "incomplete"] += 1
+                self._count_unusable(items)
             self._started_late(seq)
         if self.state.next_seq is None or seq >= self.state.next_seq:
             self._apply(seq, payload)
@@ -260,9 +292,9 @@ class Subscriber:
     # -- replay ------------------------------------------------------------------------------
     async def _sync_from_start(self) -> None:
         """Replay from 0 right after connecting: a complete replay makes the source certain."""
-        items = await self._replay_from(0)
+        items = await self._replay_from(0, charged=False)
         if items is None:
-            self._stats.replays["failed"] += 1
+            self._stats.replays[self._replay_failure] += 1
             return
         self._heard()
         if items:
@@ -287,8 +319,10 @@ class Subscriber:
         """Replay from `start`; False when nothing usable came back (the caller resyncs)."""
         items = await self._replay_from(start)
         if not items:
-            self._stats.replays["failed" if items is None else "incomplete"] += 1
-            log.warning("kv events replay failed", extra={"endpoint": self.address.endpoint, "start_seq": start})
+            self._count_unusable(items)
+            log.warning("kv events replay failed", extra={"endpoint": self.address.endpoint, "start_seq": start,
+                                                          "outcome": self._replay_failure if items is None
+                                                          else "incomplete"})
             return False
         if items[0][0] == start:
             self._stats.replays["recovered"] += 1
@@ -301,33 +335,54 @@ class Subscriber:
 
     async def _apply_replayed(self, items: list[tuple[int, bytes]]) -> None:
         limit = max(1, self._config.max_messages_per_iteration)
+        taken = 0
         for n, (seq, payload) in enumerate(items):
             if self.state.next_seq is not None and seq != self.state.next_seq and n:
                 self._resync("replay-not-contiguous")
             self._apply(seq, payload)
-            if n % limit == limit - 1:
+            taken += len(payload)
+            if n % limit == limit - 1 or taken >= ITERATION_BYTES:
+                taken = 0
                 await asyncio.sleep(0)
 
-    async def _replay_from(self, start: int) -> list[tuple[int, bytes]] | None:
-        """`fetch_replay`, with the source marked as replaying (not usable) meanwhile."""
+    def _count_unusable(self, items: list[tuple[int, bytes]] | None) -> None:
+        self._stats.replays[self._replay_failure if items is None else "incomplete"] += 1
+
+    async def _replay_from(self, start: int, charged: bool = True) -> list[tuple[int, bytes]] | None:
+        """`fetch_replay`, with the source marked as replaying (not usable) meanwhile; what it read is
+        charged to the byte budget unless `charged` is False (the replay right after connecting)."""
         self.state.replaying = True
         try:
-            return await self.fetch_replay(start)
+            items = await self.fetch_replay(start)
         finally:
             self.state.replaying = False
+        if charged and items:
+            self._budget.charge(sum(len(p) + 16 for _, p in items), self._clock())
+        return items
 
     async def fetch_replay(self, start: int) -> list[tuple[int, bytes]] | None:
-        """[(seq, payload)] for seq >= start from the replay socket; None on timeout or error."""
+        """[(seq, payload)] for seq >= start from the replay socket; None on timeout or error, or
+        beyond max_replay_messages / max_replay_bytes (`_replay_failure` says which)."""
         assert self.address.replay
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = bounded_socket(self._ctx, zmq.DEALER, self._config)
         timeout = self._config.replay_timeout_s
+        max_messages, max_bytes = self._config.max_replay_messages, self._config.max_replay_bytes
         items: list[tuple[int, bytes]] = []
+        received = size = 0
+        self._replay_failure = "failed"
         try:
             sock.connect(self.address.replay)
             await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
-            while len(items) < MAX_REPLAY_MESSAGES:
+            while True:
                 frames = await asyncio.wait_for(sock.recv_multipart(), timeout)
+                received += 1
+                size += sum(map(len, frames))
+                if received > max_messages + 1 or size > max_bytes:  # + 1: the end-of-replay marker
+                    self._replay_failure = "oversized"
+                    log.warning("kv events replay larger than allowed; abandoned", extra={
+                        "endpoint": self.address.endpoint, "rank": self.address.rank, "messages": received,
+                        "bytes": size, "max_messages": max_messages, "max_bytes": max_bytes})
+                    return None
                 if frames and not frames[0]:
                     frames = frames[1:]  # the empty delimiter
                 if len(frames) == 3:
@@ -339,7 +394,6 @@ class Subscriber:
                     return items
                 if seq >= start:
                     items.append((seq, frames[1]))
-            return None
         except (TimeoutError, zmq.ZMQError):
             return None
         finally:

@@ -109,6 +109,10 @@ class App:
         self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/control/usage.py)
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
+        if self.discovery is not None:
+            from extproc.telemetry.discovery import DiscoveryCollector  # imports the kubernetes client
+
+            self.metrics.registry.register(DiscoveryCollector(self.discovery))
         for observer in self.scheduler.observers:
             if isinstance(observer, PredictedTtftScorer):
                 self.metrics.registry.register(LatencyCollector(observer.model))
@@ -130,7 +134,7 @@ class App:
             server_creds, channel_creds, server_name = peer_tls(cfg.cert_path)
             peer_creds = PeerCredentials(channel_creds, server_name)
         sync = self.sync = PeerSync(cfg.sync, load_secret(cfg.sync), self.index, self.kv_events,
-                                    datastore=self.datastore, bind=cfg.bind_address,
+                                    datastore=self.datastore, bind=cfg.listen_address("sync"),
                                     reuse_port=self.role.count > 1, sibling_port=self.role.sibling_port,
                                     siblings=self.role.siblings, server_credentials=server_creds,
                                     peer_credentials=peer_creds)
@@ -176,12 +180,14 @@ class App:
             else:
                 render = (pod_renderer(self.metrics.registry, self.role.sibling_metrics) if self.role.count > 1
                           else None)
-                self._metrics_server = await start_metrics_server(self.metrics.registry, cfg.bind_address,
-                                                                  cfg.metrics_port, render)
+                self._metrics_server = await start_metrics_server(self.metrics.registry,
+                                                                  cfg.listen_address("metrics"), cfg.metrics_port,
+                                                                  render)
         self._servers = await start_servers(
             self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
-            health_port=cfg.grpc_health_port if first else 0, secure=cfg.secure_serving, cert_path=cfg.cert_path,
-            explain=cfg.explain_decisions, streams=self.streams, reuse_port=self.role.count > 1,
+            health_port=cfg.grpc_health_port if first else 0, health_bind=cfg.listen_address("health"),
+            secure=cfg.secure_serving, cert_path=cfg.cert_path, explain=cfg.explain_decisions, streams=self.streams,
+            reuse_port=self.role.count > 1,
             budget=self.body_budget,
         )
         log.info("picker started", extra={

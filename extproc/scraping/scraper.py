@@ -4,8 +4,20 @@ Loop: one asyncio task per endpoint (started and cancelled by the datastore's ad
 listeners), all sharing one aiohttp session. Each task GETs `<scheme>://<ip>:<port><path>`
 every `--refresh-metrics-interval` (start to start; default in EppConfig), with a timeout of
 `scrape_timeout_s` (1 s), asking for an uncompressed body (decompressing would cost more CPU
-than the loopback or pod network saves). The body goes through extproc/scraping/prom_text.py,
-which only looks at the lines of these families:
+than the loopback or pod network saves).
+
+What a model server may answer (it is not trusted to behave; MetricsSourceConfig):
+- only its own address is read: redirects are not followed (a 3xx is a failed scrape), so an
+  engine cannot point the picker at another host;
+- the body is read up to `max_body_bytes` (4 MiB; vLLM's is ~100 KB): a larger one is a failed
+  scrape, never buffered whole;
+- the cache config is capped before anything is sized from it: a block_size over
+  `max_block_size` (4096) makes the cache config unknown; num_gpu_blocks is capped at
+  `max_num_gpu_blocks` (2^20) and at `max_cache_tokens` (2^24) / block_size. The first capped
+  report of an endpoint is logged (warning, with the reported values).
+
+The body goes through extproc/scraping/prom_text.py, which only looks at the lines of these
+families:
 
 | field | metric | several series |
 |---|---|---|
@@ -137,6 +149,7 @@ class MetricsScraper:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._capacity: dict[str, int] = {}
         self._failing: set[str] = set()
+        self._capped: set[str] = set()  # endpoints whose capped cache config was logged
         self._session: aiohttp.ClientSession | None = None
         self.scrapes = 0  # attempts so far (tests, benchmarks)
         self.on_models: Callable[[frozenset[str]], None] | None = None  # engine-reported model names
@@ -157,6 +170,7 @@ class MetricsScraper:
             task.cancel()
         self._capacity.pop(ep.key, None)
         self._failing.discard(ep.key)
+        self._capped.discard(ep.key)
 
     async def run(self) -> None:
         """Scrape until cancelled."""
@@ -197,11 +211,12 @@ class MetricsScraper:
         assert self._session is not None, "scrape_once needs run() to be active"
         self.scrapes += 1
         try:
-            async with self._session.get(url or self._url(ep)) as resp:
+            async with self._session.get(url or self._url(ep), allow_redirects=False) as resp:
                 if resp.status != 200:
                     raise ScrapeError(f"HTTP {resp.status}")
-                body = await resp.read()
+                body = await self._read_bounded(resp)
             m = parse_vllm_metrics(body, self._clock())
+            self._cap(ep.key, m)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -219,6 +234,34 @@ class MetricsScraper:
                 self.on_models(m.model_names | m.running_loras | m.waiting_loras)
         self.datastore.set_metrics(ep.key, m)
         return m
+
+    async def _read_bounded(self, resp: aiohttp.ClientResponse) -> bytes:
+        limit = self.config.metrics_source.max_body_bytes
+        if resp.content_length is not None and resp.content_length > limit:
+            raise ScrapeError(f"body of {resp.content_length} bytes, over {limit}")
+        chunks, size = [], 0
+        async for chunk in resp.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise ScrapeError(f"body over {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _cap(self, key: str, m: ModelServerMetrics) -> None:
+        """Cap the reported cache config in place (see the module docstring); log the first time."""
+        src = self.config.metrics_source
+        reported = (m.num_gpu_blocks, m.block_size)
+        if m.block_size > src.max_block_size:
+            m.block_size = m.num_gpu_blocks = 0
+        elif m.block_size > 0:
+            m.num_gpu_blocks = min(m.num_gpu_blocks, src.max_num_gpu_blocks, src.max_cache_tokens // m.block_size)
+        if (m.num_gpu_blocks, m.block_size) != reported and key not in self._capped:
+            self._capped.add(key)
+            log.warning("engine reports a KV cache beyond the picker's limits; capped", extra={
+                "endpoint": key, "num_gpu_blocks": reported[0], "block_size": reported[1],
+                "capped_num_gpu_blocks": m.num_gpu_blocks, "capped_block_size": m.block_size,
+                "max_num_gpu_blocks": src.max_num_gpu_blocks, "max_block_size": src.max_block_size,
+                "max_cache_tokens": src.max_cache_tokens})
 
     def _tune(self, key: str, m: ModelServerMetrics) -> None:
         pcfg = self.config.prefix

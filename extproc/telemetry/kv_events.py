@@ -10,7 +10,8 @@
 | prefix_epp_kv_events_events_total | counter | type (BlockStored, BlockRemoved, AllBlocksCleared, unknown) |
 | prefix_epp_kv_events_blocks_total | counter | op (stored, removed, orphaned, evicted, skipped) |
 | prefix_epp_kv_events_gaps_total, prefix_epp_kv_events_restarts_total | counter | - |
-| prefix_epp_kv_events_replays_total | counter | outcome (recovered, incomplete, failed) |
+| prefix_epp_kv_events_replays_total | counter | outcome (recovered, incomplete, failed, oversized) |
+| prefix_epp_kv_events_dropped_messages_total | counter | reason (rate-limited: over an engine's byte budget) |
 | prefix_epp_kv_events_resyncs_total | counter | reason |
 | prefix_epp_kv_events_late_joins_total | counter | - (publishers joined after their first message) |
 """
@@ -63,6 +64,12 @@ class KVEventsCollector(Collector):
         for outcome, n in st.replays.items():
             replays.add_metric([outcome], n)
         yield replays
+        dropped = CounterMetricFamily("prefix_epp_kv_events_dropped_messages",
+                                      "Live KV-event messages dropped unread (an engine over its byte budget)",
+                                      labels=["reason"])
+        for reason, n in st.dropped.items():
+            dropped.add_metric([reason], n)
+        yield dropped
         resyncs = CounterMetricFamily("prefix_epp_kv_events_resyncs", "Entries dropped and endpoint uncertain",
                                       labels=["reason"])
         for reason, n in st.resyncs.items():

@@ -1,5 +1,6 @@
 """The gRPC servers: ext_proc on --grpc-port (TLS unless --secure-serving=false) and health on
---grpc-health-port (plaintext, for kubelet and Envoy health checks).
+--grpc-health-port (plaintext, for kubelet and Envoy health checks), each on its own address
+(`bind`: --bind-address; `health_bind`: --health-bind-address, else --bind-address).
 
 Every ext_proc stream is counted open/closed in a `StreamTracker` (extproc/transport/streams.py) so a drain
 can wait for the last one. With `reuse_port` (--workers > 1) several processes bind the ext_proc
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from extproc.control.director import Director
+from extproc.core.datastore import join_host_port
 from extproc.pb import external_processor_pb2 as pb
 from extproc.pb import external_processor_pb2_grpc as pb_grpc
 from extproc.pb import health_pb2_grpc
@@ -82,7 +84,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
 async def start_servers(
     director: Director, metrics: EppMetrics, health: HealthServicer, *, bind: str, grpc_port: int,
-    health_port: int, secure: bool, cert_path: str, explain: bool, streams: StreamTracker,
+    health_port: int, health_bind: str, secure: bool, cert_path: str, explain: bool, streams: StreamTracker,
     reuse_port: bool = False, budget: BodyBudget | None = None,
 ) -> list[grpc.aio.Server]:
     options = [*_OPTIONS[1:], ("grpc.so_reuseport", 1 if reuse_port else 0)]
@@ -97,7 +99,7 @@ async def start_servers(
     ext = grpc.aio.server(options=options)
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain, streams, budget), ext)
     health_pb2_grpc.add_HealthServicer_to_server(health, ext)
-    address = f"{bind}:{grpc_port}"
+    address = join_host_port(bind, grpc_port)
     if secure:
         ext.add_secure_port(address, server_credentials(cert_path))
     else:
@@ -107,6 +109,6 @@ async def start_servers(
         return [ext]
     hs = grpc.aio.server(options=_OPTIONS)
     health_pb2_grpc.add_HealthServicer_to_server(health, hs)
-    hs.add_insecure_port(f"{bind}:{health_port}")
+    hs.add_insecure_port(join_host_port(health_bind, health_port))
     await hs.start()
     return [ext, hs]

@@ -1,4 +1,5 @@
-"""KubernetesDiscovery against kmock: pool, pods and objectives reach the datastore on the loop."""
+"""KubernetesDiscovery against kmock: pool, pods and objectives reach the datastore on the loop; a pod's
+KV-events annotation naming another host is refused."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 from extproc.config.settings import DiscoveryConfig, EppConfig
 from extproc.core.datastore import Datastore
 from extproc.discovery.kubernetes import KubernetesDiscovery, pool_namespace
+from extproc.kvevents.manager import source_addresses
 from extproc.prefix.index import PrefixIndex
+from extproc.telemetry.discovery import DiscoveryCollector
 from testkit.kube import (
     OBJECTIVES,
     PODS,
@@ -183,3 +186,28 @@ def test_namespace_falls_back_to_env_then_default(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("NAMESPACE", "ml")
     assert pool_namespace(EppConfig(pool_name="p")) == "ml"
     assert pool_namespace(EppConfig(pool_name="p", pool_namespace="explicit")) == "explicit"
+
+
+async def test_a_kv_events_annotation_naming_another_host_is_refused_logged_once_and_counted(
+        api: KubeApi, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    api.create(POOL_V1, pool_v1("pool", {"app": "v"}, [8000]))
+    hostile = pod("a", {"app": "v"}, ip="10.0.0.1")
+    hostile["metadata"]["annotations"] = {"prefix-epp.io/kv-events-endpoint": "tcp://10.0.0.2:5557"}
+    api.create(PODS, hostile)
+    with caplog.at_level("WARNING", logger="prefix_epp.discovery"):
+        async with discovery(api, tmp_path) as (d, ds):
+            await until(lambda: names(ds) == {"a-rank-0"})
+            api.wait_watching(PODS)
+            ep = ds.snapshot()[0]
+            # The picker would subscribe at the pod's own address, never at the one annotated.
+            assert ep.spec.kv_events_endpoint == ""
+            assert [a.events for a in source_addresses(ep, EppConfig().kv_events)] == ["tcp://10.0.0.1:5557"]
+            api.patch(PODS, "a", {"metadata": {"labels": {"app": "v", "touched": "1"}}})  # same annotation
+            await until(lambda: dict(ds.snapshot()[0].spec.labels).get("touched") == "1")
+            assert d.refused_annotations == 1
+            samples = {s.labels["annotation"]: s.value for m in DiscoveryCollector(d).collect() for s in m.samples}
+            assert samples == {"prefix-epp.io/kv-events-endpoint": 1}
+            api.patch(PODS, "a", {"metadata": {"annotations": {"prefix-epp.io/kv-events-endpoint": "6000"}}})
+            await until(lambda: ds.snapshot()[0].spec.kv_events_endpoint == "tcp://10.0.0.1:6000")  # its own port
+    assert d.refused_annotations == 1
+    assert sum("annotation refused" in r.getMessage() for r in caplog.records) == 1

@@ -81,6 +81,41 @@ def test_kv_events_endpoint_annotation() -> None:
     assert pod_endpoints(parse_pod(annotated), pool)[0].kv_events_endpoint == "tcp://10.0.0.9:6000"
 
 
+@pytest.mark.parametrize(("value", "resolved"), [
+    ("6000", "tcp://10.0.0.9:6000"),
+    ("tcp://*:6000", "tcp://10.0.0.9:6000"),
+    ("tcp://10.0.0.9:6000@tcp://*:6001", "tcp://10.0.0.9:6000@tcp://10.0.0.9:6001"),
+    ("6000@6001", "tcp://10.0.0.9:6000@tcp://10.0.0.9:6001"),
+])
+def test_kv_events_annotation_may_name_ports_of_the_pod(value: str, resolved: str) -> None:
+    pool = parse_pool(pool_v1("p", {"app": "v"}, [8000]), V1_GROUP)
+    annotated = pod("b", {"app": "v"}, ip="10.0.0.9")
+    annotated["metadata"]["annotations"] = {"prefix-epp.io/kv-events-endpoint": value}
+    info = parse_pod(annotated)
+    assert info.kv_events_refused == "" and pod_endpoints(info, pool)[0].kv_events_endpoint == resolved
+
+
+@pytest.mark.parametrize("value", [
+    "tcp://10.0.0.10:6000",  # another pod
+    "tcp://169.254.169.254:80",  # a node-local service
+    "tcp://kv.example.com:6000",  # a name (it could resolve anywhere)
+    "tcp://10.0.0.9:6000@tcp://10.0.0.1:6001",  # the replay elsewhere
+    "tcp://10.0.0.9:70000", "ipc:///tmp/kv", "tcp://10.0.0.9", "1@2@3",
+])
+def test_kv_events_annotation_naming_another_host_is_refused(value: str) -> None:
+    pool = parse_pool(pool_v1("p", {"app": "v"}, [8000]), V1_GROUP)
+    annotated = pod("b", {"app": "v"}, ip="10.0.0.9")
+    annotated["metadata"]["annotations"] = {"prefix-epp.io/kv-events-endpoint": value}
+    info = parse_pod(annotated)
+    assert info.kv_events_refused and info.kv_events_raw == value
+    assert pod_endpoints(info, pool)[0].kv_events_endpoint == ""  # the default: tcp://<pod IP>:--kv-events-port
+
+
+def test_a_pod_ip_that_is_no_ip_address_gives_no_endpoint() -> None:
+    pool = parse_pool(pool_v1("p", {"app": "v"}, [8000]), V1_GROUP)
+    assert pod_endpoints(parse_pod(pod("a", {"app": "v"}, ip="evil.example.com")), pool) == []
+
+
 def test_selector_and_objectives() -> None:
     assert selector_matches((("a", "1"), ("b", "2")), (("a", "1"),))
     assert not selector_matches((("a", "1"),), (("a", "1"), ("b", "2")))

@@ -63,7 +63,7 @@ async def test_an_answer_sent_back_in_the_history_hits_the_generated_blocks(tmp_
         await asyncio.wait_for(first.done.wait(), 10)
         answer = eng.filler.text(0, 60)
         assert HFTokenizer(str(path)).encode_text(answer, True) == eng.filler.ids(60)  # the answer round-trips
-        follow = history + [{"role": "assistant", "content": answer}, {"role": "user", "content": "and you"}]
+        follow = [*history, {"role": "assistant", "content": answer}, {"role": "user", "content": "and you"}]
         gen = parse_generation({"model": cfg.model, "messages": follow, "max_tokens": 2}, "chat", cfg)
         assert gen.prompt_tokens[:len(first.prompt_tokens) + 60] == first.prompt_tokens + eng.filler.ids(60)
         second = SimRequest(gen.prompt_tokens, 2)

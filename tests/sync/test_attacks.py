@@ -95,7 +95,7 @@ async def test_forged_frame_is_checked_off_the_event_loop() -> None:
 
     a.codec.decode = slow_decode  # type: ignore[method-assign,assignment]
     health = grpc.aio.server()
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(lambda: True), health)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(lambda: True, max_watches=4), health)
     health.add_insecure_port(f"127.0.0.1:{ph}")
     await health.start()
     await a.start()
