@@ -209,6 +209,7 @@ class EppConfig:
     bind_address: str = "0.0.0.0"
     secure_serving: bool = True
     cert_path: str = ""
+    client_ca_file: str = ""  # --client-ca-file: require a client certificate signed by this CA
     endpoints: tuple[str, ...] = ()
     pool_name: str = ""
     pool_namespace: str = ""

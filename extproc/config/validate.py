@@ -78,6 +78,8 @@ def check(config: EppConfig) -> list[str]:
     if not valid_header_name(config.affinity.session_header):
         problems.append(f"--session-header must be an HTTP header name (letters, digits, - and the other "
                         f"token characters) or empty, got {config.affinity.session_header!r}")
+    if config.client_ca_file and not config.secure_serving:
+        problems.append("--client-ca-file needs --secure-serving: client certificates are checked in the TLS handshake")
     ports = [p for p in (config.grpc_port, config.grpc_health_port, config.metrics_port) if p]
     if len(set(ports)) != len(ports):
         problems.append("--grpc-port, --grpc-health-port and --metrics-port must differ")
