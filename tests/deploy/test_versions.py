@@ -166,8 +166,19 @@ def test_chart_fails_to_render_for_a_too_old_gateway(helm: Helm, label: str, val
     assert needle in proc.stderr and values["envoyGateway"]["version"] in proc.stderr, proc.stderr
 
 
+def test_verification_is_not_silently_dropped_below_its_minimum(helm: Helm) -> None:
+    """Envoy Gateway older than the BackendTLSPolicy v1 minimum: the default (verified) wiring
+    refuses to render rather than falling back to unverified TLS."""
+    values = {"envoyGateway": {"enabled": True, "version": VERSIONS.eg_min}}
+    proc = helm.run(helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=values), check=False)
+    assert proc.returncode != 0
+    assert "insecureSkipVerify" in proc.stderr and VERSIONS.eg_verified_tls_min in proc.stderr
+
+
 def test_chart_renders_at_each_minimum(helm: Helm) -> None:
-    for values in ({"envoyGateway": {"enabled": True, "version": VERSIONS.eg_min}},
+    for values in ({"envoyGateway": {"enabled": True, "version": VERSIONS.eg_min,
+                                     "pickerTLS": {"insecureSkipVerify": True}}},
+                   {"envoyGateway": {"enabled": True, "version": VERSIONS.eg_verified_tls_min}},
                    {"tls": {"existingSecret": "s"},
                     "envoyGateway": {"enabled": True, "version": VERSIONS.eg_verified_tls_min,
                                      "pickerTLS": {"caConfigMap": "ca"}}}):
