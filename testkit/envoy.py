@@ -31,18 +31,22 @@ def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_m
               response_processing: str = "end", name: str = "envoy",
               endpoints: tuple[str, ...] = (), max_endpoints: int = 1, epp_ports: tuple[int, ...] = (),
               health_interval: str = "", epp_requests_per_connection: int = 0,
-              concurrency: int = 1, failure_mode_allow: bool = False) -> Iterator[tuple[Proc, int, int]]:
+              concurrency: int = 1, failure_mode_allow: bool = False,
+              strip_control_headers: bool = False) -> Iterator[tuple[Proc, int, int]]:
     """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections.
 
     `epp_ports`: more pickers in the ext_proc cluster (Envoy spreads streams over the healthy
     ones); `health_interval`: a shorter active health-check interval for that cluster;
     `epp_requests_per_connection`: streams per connection to a picker (new connections spread
     over the workers of a `--workers` pod, as the kernel balances connections, not streams).
+    `strip_control_headers` is off here, unlike envoy-config's default: the end-to-end tests drive
+    the picker with the conformance header test-epp-endpoint-selection.
     """
     listen, admin = free_port(), free_port()
     cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
                        request_body_mode=request_body_mode, response_processing=response_processing,
-                       endpoints=endpoints, max_endpoints=max_endpoints, failure_mode_allow=failure_mode_allow)
+                       endpoints=endpoints, max_endpoints=max_endpoints, failure_mode_allow=failure_mode_allow,
+                       strip_control_headers=strip_control_headers)
     epp = cfg["static_resources"]["clusters"][0]
     for port in epp_ports:
         epp["load_assignment"]["endpoints"][0]["lb_endpoints"].append(

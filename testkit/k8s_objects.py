@@ -63,7 +63,18 @@ VALUE_SETS: dict[str, Obj] = {
     "eg-nodeport": {"envoyGateway": {"enabled": True,
                                      "envoyProxy": {"serviceType": "NodePort", "nodePort": 30080}}},
     "eg-fallbacks": {"envoyGateway": {"enabled": True}, "picker": {"maxEndpoints": 3}},
-    "eg-oldest-supported": {"envoyGateway": {"enabled": True, "version": "v1.5.0"}},
+    "eg-oldest-supported": {"envoyGateway": {"enabled": True, "version": "v1.5.0",
+                                             "pickerTLS": {"insecureSkipVerify": True}}},
+    "eg-insecure-tls": {"envoyGateway": {"enabled": True, "pickerTLS": {"insecureSkipVerify": True}}},
+    "eg-mutual-tls": {"tls": {"clientCA": {"name": "envoy-client-ca"}},
+                      "envoyGateway": {"enabled": True, "envoyProxy": {"backendClientCertificate": "envoy-client"}}},
+    "network-policy-off": {"networkPolicy": {"enabled": False}},
+    "network-policy-custom": {"networkPolicy": {
+        "extProc": {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-system"}},
+                              "podSelector": {"matchLabels": {"istio": "ingressgateway"}}}]},
+        "metrics": {"from": []},
+        "extraIngress": [{"ports": [{"port": "grpc-health", "protocol": "TCP"}],
+                          "from": [{"podSelector": {"matchLabels": {"app": "prober"}}}]}]}},
 }
 
 # Custom resources are validated against the vendored upstream CRDs (testkit/crds/schemas/) of the

@@ -1,4 +1,5 @@
-"""manifests/base/prefix-epp.yaml: the chart rendered with manifests/values-kind.yaml, for `kubectl apply`.
+"""manifests/base/prefix-epp.yaml: the chart rendered with manifests/values-kind.yaml and
+manifests/values-kubectl.yaml (which names the Secrets each overlay generates), for `kubectl apply`.
 
     .venv/bin/python -m testkit.render_manifests     # rewrite the file
     .venv/bin/python -m testkit.render_manifests --check
@@ -22,9 +23,10 @@ from testkit.k8s_objects import CHART, MANIFESTS, NAMESPACE, RELEASE, Obj
 
 OUTPUT = MANIFESTS / "base" / "prefix-epp.yaml"
 VALUES = MANIFESTS / "values-kind.yaml"
+KUBECTL_VALUES = MANIFESTS / "values-kubectl.yaml"
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 HEADER = """\
-# Generated from charts/prefix-epp with manifests/values-kind.yaml; do not edit by hand.
+# Generated from charts/prefix-epp with manifests/values-kind.yaml and values-kubectl.yaml; do not edit.
 # Regenerate: .venv/bin/python -m testkit.render_manifests
 # Needs the InferencePool CRDs and Envoy Gateway first (manifests/README.md).
 """
@@ -52,7 +54,7 @@ def _strip(obj: Obj) -> Obj:
 
 
 def render(helm: Helm) -> str:
-    objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values_files=[VALUES])
+    objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values_files=[VALUES, KUBECTL_VALUES])
     docs = [yaml.dump(_strip(o), Dumper=_BlockDumper, sort_keys=False, width=120) for o in objs]
     return HEADER + "---\n" + "---\n".join(docs)
 

@@ -50,6 +50,21 @@ half-close each ext_proc stream and wait for the picker to close it, instead of 
 Envoy's default reset costs the picker native memory in grpc.aio on every request (measured
 ~120 bytes per request through Envoy 1.40, flat with the flag).
 
+TLS to the picker (`--epp-tls`, the default): without `--upstream-ca-file` Envoy does not verify
+the picker's certificate (`validation_context: {}`, the reference configuration; the picker's
+default certificate is self-signed), so whoever can answer on the picker's address receives every
+prompt. With `--upstream-ca-file FILE` Envoy verifies the certificate chain against that CA
+(`validation_context.trusted_ca`), sends `--upstream-server-name` (default: the `--epp` host) as
+SNI and requires it among the certificate's DNS (or, for an IP, IP) subject alternative names.
+`--upstream-client-cert`/`--upstream-client-key` make Envoy present a client certificate, for a
+picker that requires one (`prefix-epp serve --client-ca-file`, mutual TLS).
+
+Client-set control headers (`--strip-control-headers`, on by default): the HTTP connection
+manager removes `test-epp-endpoint-selection` and the `x-gateway-destination-endpoint*` headers
+from every request before any filter runs (an early header mutation), so the picker never sees a
+client's value for them. A route's `request_headers_to_remove` would not do: the router applies it
+after ext_proc has already read the headers.
+
 Envoy never reads the `x-gateway-destination-endpoint` request
 header for routing, so a client that forges it steers nothing, even while the picker is down
 (fail-closed: Envoy answers 500 until the picker is back).
@@ -71,6 +86,9 @@ from extproc.transport.health import EXT_PROC_SERVICE
 from extproc.transport.responses import DESTINATION_HEADER, LB_NAMESPACE, SERVED_HEADER
 
 _TYPE = "@type"
+# Request headers a client must not set: the conformance test's endpoint selection and the
+# Endpoint Picker Protocol's destination headers, which only the picker (or Envoy) writes.
+CONTROL_HEADERS = ("test-epp-endpoint-selection", DESTINATION_HEADER, f"{DESTINATION_HEADER}-subset", SERVED_HEADER)
 # Envoy ends an ext_proc stream whose work is done with a half-close (the picker then closes it
 # cleanly) instead of a reset. grpc.aio keeps ~120 bytes of native memory for every stream a
 # client resets, so without this the picker's RSS grows with every request (bench/soak.py).
@@ -107,7 +125,8 @@ def build_config(
     epp_tls: bool = _PICKER.secure_serving, request_body_mode: str = "BUFFERED",
     response_processing: str = "end", max_request_body_bytes: int = _MAX_BODY,
     failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (), max_endpoints: int = _PICKER.max_endpoints,
-    traffic: ProxyTrafficConfig | None = None,
+    traffic: ProxyTrafficConfig | None = None, upstream_ca_file: str = "", upstream_server_name: str = "",
+    upstream_client_cert: str = "", upstream_client_key: str = "", strip_control_headers: bool = True,
 ) -> dict[str, Any]:
     traffic = traffic or ProxyTrafficConfig()
     epp_host, epp_port = split_host_port(epp)
@@ -135,6 +154,7 @@ def build_config(
                 "routes": [_route(traffic, max_endpoints)],
             }],
         },
+        **({"early_header_mutation_extensions": [_strip_headers(CONTROL_HEADERS)]} if strip_control_headers else {}),
         "http_filters": [
             ext_proc,
             _served_to_metadata(),
@@ -164,14 +184,10 @@ def build_config(
             "address": {"socket_address": {"address": epp_host, "port_value": epp_port}}}}]}]},
     }
     if epp_tls:
-        epp_cluster["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                _TYPE: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                # The picker's certificate is self-signed by default; the reference config does not verify it.
-                "common_tls_context": {"validation_context": {}, "alpn_protocols": ["h2"]},
-            },
-        }
+        epp_cluster["transport_socket"] = _upstream_tls(epp_host, upstream_ca_file, upstream_server_name,
+                                                        upstream_client_cert, upstream_client_key)
+    elif upstream_ca_file or upstream_client_cert or upstream_client_key:
+        raise ValueError("--upstream-ca-file and --upstream-client-cert/-key need --epp-tls")
     picked_cluster = _override_host_cluster(endpoints, traffic) if endpoints else {
         "name": "picked",
         "type": "ORIGINAL_DST",
@@ -199,6 +215,45 @@ def build_config(
     if admin_port:
         config["admin"] = {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}}
     return config
+
+
+def _upstream_tls(epp_host: str, ca_file: str, server_name: str, client_cert: str,
+                  client_key: str) -> dict[str, Any]:
+    """The TLS transport socket of the picker cluster (see the module docstring)."""
+    if bool(client_cert) != bool(client_key):
+        raise ValueError("--upstream-client-cert and --upstream-client-key go together")
+    if server_name and not ca_file:
+        raise ValueError("--upstream-server-name needs --upstream-ca-file (nothing is verified without a CA)")
+    context: dict[str, Any] = {"alpn_protocols": ["h2"]}
+    tls: dict[str, Any] = {_TYPE: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"}
+    if ca_file:
+        name = server_name or epp_host
+        san_type = "IP_ADDRESS" if _is_ip(name) else "DNS"
+        context["validation_context"] = {
+            "trusted_ca": {"filename": ca_file},
+            "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": name}}],
+        }
+        if not _is_ip(name):
+            tls["sni"] = name
+    else:
+        # Without a CA nothing can be verified (the picker's default certificate is self-signed).
+        context["validation_context"] = {}
+    if client_cert:
+        context["tls_certificates"] = [{"certificate_chain": {"filename": client_cert},
+                                        "private_key": {"filename": client_key}}]
+    tls["common_tls_context"] = context
+    return {"name": "envoy.transport_sockets.tls", "typed_config": tls}
+
+
+def _strip_headers(names: tuple[str, ...]) -> dict[str, Any]:
+    """An early header mutation removing `names` from every request, before any HTTP filter."""
+    return {
+        "name": "envoy.http.early_header_mutation.header_mutation",
+        "typed_config": {
+            _TYPE: "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+            "mutations": [{"remove": name} for name in names],
+        },
+    }
 
 
 def _circuit_breakers(t: ProxyTrafficConfig) -> dict[str, Any]:
@@ -286,7 +341,9 @@ def run(args: argparse.Namespace) -> int:
         response_processing=args.response_processing, max_request_body_bytes=args.max_request_body_bytes,
         failure_mode_allow=args.failure_mode_allow,
         endpoints=tuple(e.strip() for e in args.endpoints.split(",") if e.strip()),
-        max_endpoints=args.max_endpoints,
+        max_endpoints=args.max_endpoints, upstream_ca_file=args.upstream_ca_file,
+        upstream_server_name=args.upstream_server_name, upstream_client_cert=args.upstream_client_cert,
+        upstream_client_key=args.upstream_client_key, strip_control_headers=args.strip_control_headers,
     )), end="")
     return 0
 
@@ -315,4 +372,16 @@ def add_parser(subparsers: Any) -> None:
                    help="static model-server endpoints ip:port,...: route with override_host (fallback lists)")
     p.add_argument("--max-endpoints", type=int, default=_PICKER.max_endpoints,
                    help="endpoints the picker returns (its --max-endpoints); >1 adds a retry policy that walks them")
+    p.add_argument("--upstream-ca-file", default="",
+                   help="PEM CA that signed the picker's certificate: Envoy verifies it (chain, SNI and SAN); "
+                        "empty: TLS without verification")
+    p.add_argument("--upstream-server-name", default="",
+                   help="name Envoy sends as SNI and requires in the picker certificate's SANs "
+                        "(with --upstream-ca-file; default: the --epp host)")
+    p.add_argument("--upstream-client-cert", default="",
+                   help="PEM client certificate Envoy presents to the picker (mutual TLS: serve --client-ca-file)")
+    p.add_argument("--upstream-client-key", default="", help="private key of --upstream-client-cert")
+    p.add_argument("--strip-control-headers", type=parse_bool, nargs="?", const=True, default=True, metavar="BOOL",
+                   help="remove client-set test-epp-endpoint-selection and x-gateway-destination-endpoint* "
+                        "request headers before any filter (false: pass them to the picker, for conformance tests)")
     p.set_defaults(func=run)

@@ -168,6 +168,9 @@ FLAGS: tuple[Flag, ...] = (
          "serve ext_proc over TLS (--secure-serving=false: plaintext)"),
     Flag("--cert-path", "cert_path", TEXT, SERVING,
          "directory with tls.crt and tls.key; a self-signed ECDSA certificate when empty"),
+    Flag("--client-ca-file", "client_ca_file", TEXT, SERVING,
+         "PEM CA bundle: ext_proc over TLS then requires a client certificate it signed (mutual TLS); "
+         "empty: no client authentication"),
     Flag("--endpoints", "endpoints", LIST, DISCOVERY,
          "static endpoints ip:port[@tcp://events[@tcp://replay]],... (instead of a pool)"),
     Flag("--pool-name", "pool_name", TEXT, DISCOVERY, "InferencePool to serve"),

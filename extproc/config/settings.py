@@ -240,6 +240,7 @@ class EppConfig:
     sync_bind_address: str = ""  # peer-sync port; "" = bind_address
     secure_serving: bool = True
     cert_path: str = ""
+    client_ca_file: str = ""  # --client-ca-file: require a client certificate signed by this CA
     endpoints: tuple[str, ...] = ()
     pool_name: str = ""
     pool_namespace: str = ""

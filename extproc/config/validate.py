@@ -97,6 +97,8 @@ def check(config: EppConfig) -> list[str]:
         if not (address == "" and may_be_empty) and not valid_ip(address):
             problems.append(f"{flag} must be an IP address such as 0.0.0.0, :: or 127.0.0.1"
                             f"{' (or empty)' if may_be_empty else ''}, got {address!r}")
+    if config.client_ca_file and not config.secure_serving:
+        problems.append("--client-ca-file needs --secure-serving: client certificates are checked in the TLS handshake")
     ports = [p for p in (config.grpc_port, config.grpc_health_port, config.metrics_port) if p]
     if len(set(ports)) != len(ports):
         problems.append("--grpc-port, --grpc-health-port and --metrics-port must differ")

@@ -187,12 +187,12 @@ class App:
             self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
             health_port=cfg.grpc_health_port if first else 0, health_bind=cfg.listen_address("health"),
             secure=cfg.secure_serving, cert_path=cfg.cert_path, explain=cfg.explain_decisions, streams=self.streams,
-            reuse_port=self.role.count > 1,
-            budget=self.body_budget,
+            reuse_port=self.role.count > 1, budget=self.body_budget, client_ca_file=cfg.client_ca_file,
         )
         log.info("picker started", extra={
             "grpc_port": cfg.grpc_port, "health_port": cfg.grpc_health_port, "metrics_port": cfg.metrics_port,
-            "secure_serving": cfg.secure_serving, "endpoints": len(self.datastore),
+            "secure_serving": cfg.secure_serving, "client_auth": bool(cfg.client_ca_file),
+            "endpoints": len(self.datastore),
             "worker": self.role.index, "workers": self.role.count,
         })
 

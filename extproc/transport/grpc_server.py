@@ -85,7 +85,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 async def start_servers(
     director: Director, metrics: EppMetrics, health: HealthServicer, *, bind: str, grpc_port: int,
     health_port: int, health_bind: str, secure: bool, cert_path: str, explain: bool, streams: StreamTracker,
-    reuse_port: bool = False, budget: BodyBudget | None = None,
+    reuse_port: bool = False, budget: BodyBudget | None = None, client_ca_file: str = "",
 ) -> list[grpc.aio.Server]:
     options = [*_OPTIONS[1:], ("grpc.so_reuseport", 1 if reuse_port else 0)]
     # A BUFFERED request body arrives as one message: allow the largest body the picker accepts.
@@ -101,7 +101,7 @@ async def start_servers(
     health_pb2_grpc.add_HealthServicer_to_server(health, ext)
     address = join_host_port(bind, grpc_port)
     if secure:
-        ext.add_secure_port(address, server_credentials(cert_path))
+        ext.add_secure_port(address, server_credentials(cert_path, client_ca_file))
     else:
         ext.add_insecure_port(address)
     await ext.start()

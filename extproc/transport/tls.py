@@ -1,9 +1,16 @@
 """Server TLS for the ext_proc port: a certificate from --cert-path, or a self-signed one.
 
 `--cert-path DIR` reads DIR/tls.crt and DIR/tls.key (the Go EPP's layout, as mounted from a
-Kubernetes TLS Secret). Without it, a self-signed certificate is generated at start-up; Envoy's
-reference configuration does not verify the picker's certificate. ECDSA P-256 keys are used
-because they are generated in milliseconds (an RSA-4096 key takes seconds on a small pod).
+Kubernetes TLS Secret). Without it, a self-signed certificate is generated at start-up, which a
+proxy can only accept without verification (Envoy's reference configuration for the Go EPP);
+`prefix-epp envoy-config --upstream-ca-file` and the Helm chart verify a CA-signed certificate
+instead. ECDSA P-256 keys are used because they are generated in milliseconds (an RSA-4096 key
+takes seconds on a small pod).
+
+`--client-ca-file FILE` (PEM, one or more CA certificates) turns on mutual TLS: the handshake
+fails unless the client presents a certificate one of them signed, so only a proxy holding such
+a certificate (Envoy's cluster `tls_certificates`, `envoy-config --upstream-client-cert`) can
+open an ext_proc stream and see prompts. Without it any client that reaches the port may.
 
 Peer sync over TLS (`--sync-tls`, `peer_tls`) needs `--cert-path`: every replica serves the same
 certificate and verifies its peers' against DIR/ca.crt when the Secret has one, else against
@@ -48,14 +55,20 @@ def self_signed(common_name: str = "prefix-epp", days: int = 3650) -> tuple[byte
     return key_pem, cert.public_bytes(serialization.Encoding.PEM)
 
 
-def server_credentials(cert_path: str) -> grpc.ServerCredentials:
+def server_credentials(cert_path: str, client_ca_file: str = "") -> grpc.ServerCredentials:
+    """The ext_proc port's credentials; with `client_ca_file`, clients must present a certificate."""
     if cert_path:
         directory = Path(cert_path)
         key_pem = (directory / "tls.key").read_bytes()
         cert_pem = (directory / "tls.crt").read_bytes()
     else:
         key_pem, cert_pem = self_signed()
-    return grpc.ssl_server_credentials([(key_pem, cert_pem)])
+    if not client_ca_file:
+        return grpc.ssl_server_credentials([(key_pem, cert_pem)])
+    client_ca = Path(client_ca_file).read_bytes()
+    if b"-----BEGIN CERTIFICATE-----" not in client_ca:
+        raise ValueError(f"--client-ca-file {client_ca_file}: no PEM certificate in the file")
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=client_ca, require_client_auth=True)
 
 
 def peer_tls(cert_path: str) -> tuple[grpc.ServerCredentials, grpc.ChannelCredentials, str]:

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from extproc.commands.envoy_config import RESPONSE_PROCESSING, build_config, processing_mode, render
+from extproc.commands.main import main
 from extproc.config.settings import EppConfig, ProxyTrafficConfig
+from testkit.certs import Authority
 from testkit.envoy import envoy_binary
 
 T = ProxyTrafficConfig()
@@ -143,3 +146,79 @@ def test_streams_end_with_a_half_close_not_a_reset() -> None:
     cfg = build_config(8081, "127.0.0.1:9002")
     [layer] = cfg["layered_runtime"]["layers"]
     assert layer["static_layer"] == {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
+
+
+# --- TLS to the picker and client-set control headers ------------------------------------------
+
+def epp_tls_context(cfg: dict[str, Any]) -> dict[str, Any]:
+    typed: dict[str, Any] = cluster(cfg, "epp")["transport_socket"]["typed_config"]
+    return typed
+
+
+def test_tls_without_a_ca_verifies_nothing() -> None:
+    tls = epp_tls_context(build_config(8081, "picker.ns.svc:9002"))
+    assert tls["common_tls_context"]["validation_context"] == {} and "sni" not in tls
+
+
+@pytest.mark.parametrize(("epp", "server_name", "san_type", "sni"), [
+    ("prefix-epp.ns.svc.cluster.local:9002", "", "DNS", "prefix-epp.ns.svc.cluster.local"),
+    ("10.0.0.9:9002", "prefix-epp.ns.svc", "DNS", "prefix-epp.ns.svc"),
+    ("10.0.0.9:9002", "", "IP_ADDRESS", None),
+])
+def test_a_ca_makes_envoy_verify_chain_and_name(epp: str, server_name: str, san_type: str, sni: str | None) -> None:
+    tls = epp_tls_context(build_config(8081, epp, upstream_ca_file="/etc/ca.crt", upstream_server_name=server_name))
+    ctx = tls["common_tls_context"]
+    name = server_name or epp.rpartition(":")[0]
+    assert ctx["validation_context"] == {
+        "trusted_ca": {"filename": "/etc/ca.crt"},
+        "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": name}}]}
+    assert tls.get("sni") == sni
+    assert ctx["alpn_protocols"] == ["h2"] and "tls_certificates" not in ctx
+
+
+def test_client_certificate_for_mutual_tls() -> None:
+    ctx = epp_tls_context(build_config(8081, "p:9002", upstream_ca_file="/ca", upstream_client_cert="/c.crt",
+                                       upstream_client_key="/c.key"))["common_tls_context"]
+    assert ctx["tls_certificates"] == [{"certificate_chain": {"filename": "/c.crt"},
+                                        "private_key": {"filename": "/c.key"}}]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"upstream_client_cert": "/c.crt"}, "go together"),
+    ({"upstream_server_name": "p"}, "needs --upstream-ca-file"),
+    ({"epp_tls": False, "upstream_ca_file": "/ca"}, "need --epp-tls"),
+])
+def test_inconsistent_tls_flags_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_config(8081, "p:9002", **kwargs)
+
+
+def test_control_headers_are_stripped_before_any_filter() -> None:
+    hcm = build_config(8081, "127.0.0.1:9002")["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    [mutation] = hcm["typed_config"]["early_header_mutation_extensions"]
+    removed = {m["remove"] for m in mutation["typed_config"]["mutations"]}
+    assert removed == {"test-epp-endpoint-selection", "x-gateway-destination-endpoint",
+                       "x-gateway-destination-endpoint-subset", "x-gateway-destination-endpoint-served"}
+    off = build_config(8081, "127.0.0.1:9002", strip_control_headers=False)
+    assert "early_header_mutation_extensions" not in off["static_resources"]["listeners"][0]["filter_chains"][0][
+        "filters"][0]["typed_config"]
+
+
+def test_real_envoy_accepts_the_verifying_mtls_config(tmp_path: Path) -> None:
+    ca = Authority.create(tmp_path, "picker")
+    client = ca.issue(tmp_path, "envoy", dns=("envoy",), client=True)
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render(build_config(18081, "prefix-epp.ns.svc:9002", 19901, upstream_ca_file=str(ca.ca_file),
+                                        upstream_client_cert=str(client / "tls.crt"),
+                                        upstream_client_key=str(client / "tls.key"))))
+    proc = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_cli_prints_the_verifying_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["envoy-config", "--epp", "prefix-epp.ns.svc:9002", "--upstream-ca-file", "/ca.crt",
+                 "--strip-control-headers=false"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert epp_tls_context(cfg)["common_tls_context"]["validation_context"]["trusted_ca"] == {"filename": "/ca.crt"}
+    assert epp_tls_context(cfg)["sni"] == "prefix-epp.ns.svc"

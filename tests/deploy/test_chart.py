@@ -29,23 +29,28 @@ from testkit.k8s_objects import (
 Render = Callable[[str], list[Obj]]
 
 BASE_KINDS = {"ServiceAccount", "ConfigMap", "Role", "RoleBinding", "Service", "Deployment", "InferencePool",
-              "PodDisruptionBudget", "Secret"}
+              "PodDisruptionBudget", "Secret", "NetworkPolicy"}
 PLAIN_EG_KINDS = {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "BackendTrafficPolicy", "ClientTrafficPolicy",
                   "EnvoyProxy"}
+VERIFIED = PLAIN_EG_KINDS | {"BackendTLSPolicy"}  # the default: Envoy Gateway verifies the picker
 
 EXPECTED_KINDS: dict[str, set[str]] = {
     "default": BASE_KINDS,
-    "envoy-gateway": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
+    "envoy-gateway": BASE_KINDS | VERIFIED,
     "inference-pool-disabled": BASE_KINDS - {"InferencePool"},
     "tls-secret": BASE_KINDS,
     "grafana": BASE_KINDS,
     "custom-config": BASE_KINDS,
-    "eg-verified-tls": BASE_KINDS | PLAIN_EG_KINDS | {"BackendTLSPolicy"},
+    "eg-verified-tls": BASE_KINDS | VERIFIED,
     "eg-plaintext": BASE_KINDS | PLAIN_EG_KINDS,
-    "eg-ai-gateway": BASE_KINDS | {"Gateway", "HTTPRoute", "EnvoyProxy"},
-    "eg-nodeport": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
-    "eg-fallbacks": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
+    "eg-ai-gateway": BASE_KINDS | {"Gateway", "HTTPRoute", "EnvoyProxy", "ClientTrafficPolicy"},
+    "eg-nodeport": BASE_KINDS | VERIFIED,
+    "eg-fallbacks": BASE_KINDS | VERIFIED,
     "eg-oldest-supported": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
+    "eg-insecure-tls": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
+    "eg-mutual-tls": BASE_KINDS | VERIFIED,
+    "network-policy-off": BASE_KINDS - {"NetworkPolicy"},
+    "network-policy-custom": BASE_KINDS,
 }
 
 
@@ -104,17 +109,21 @@ def test_config_change_rolls_the_pods(render: Render) -> None:
 
 
 def test_tls_secret_is_mounted_at_cert_path(render: Render) -> None:
-    deploy = find(render("tls-secret"), "Deployment")
-    c = container(deploy)
-    mount = next(m for m in c["volumeMounts"] if m["name"] == "tls")
-    volume = next(v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
-    assert volume["secret"]["secretName"] == "prefix-epp-tls"
-    assert mount["readOnly"] is True
-    assert f"--cert-path={mount['mountPath']}" in c["args"]
-    assert "--secure-serving=true" in c["args"]
-    default = container(find(render("default"), "Deployment"))
-    assert not any(a.startswith("--cert-path") for a in default["args"])
-    assert all(m["name"] != "tls" for m in default["volumeMounts"])
+    for name, secret in (("tls-secret", "prefix-epp-tls"), ("default", f"{RELEASE}-tls")):
+        deploy = find(render(name), "Deployment")
+        c = container(deploy)
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "tls")
+        volume = next(v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+        assert volume["secret"]["secretName"] == secret
+        assert mount["readOnly"] is True
+        assert f"--cert-path={mount['mountPath']}" in c["args"]
+        assert "--secure-serving=true" in c["args"]
+    # A given Secret is used, not made.
+    assert not [s for s in find_all(render("tls-secret"), "Secret") if s["type"] == "kubernetes.io/tls"]
+    assert not [c for c in find_all(render("tls-secret"), "ConfigMap") if c["metadata"]["name"].endswith("-ca")]
+    plaintext = container(find(render("eg-plaintext"), "Deployment"))
+    assert not any(a.startswith("--cert-path") for a in plaintext["args"])
+    assert all(m["name"] != "tls" for m in plaintext["volumeMounts"])
 
 
 def test_security_context_and_probes(render: Render) -> None:

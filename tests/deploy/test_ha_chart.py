@@ -22,6 +22,19 @@ def serve_config(deploy: Obj) -> argparse.Namespace:
     return parser.parse_args(args[1:])
 
 
+def sync_secret_name(deploy: Obj) -> str:
+    """The Secret mounted where --sync-secret-file points, holding the key "secret" at that path."""
+    config = config_from_args(serve_config(deploy))
+    c = container(deploy)
+    directory, _, filename = config.sync.secret_file.rpartition("/")
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == directory]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["items"] == [{"key": "secret", "path": filename}]
+    name: str = volume["secret"]["secretName"]
+    return name
+
+
 def test_default_is_two_synced_replicas_that_roll_without_a_gap(render: Render) -> None:
     objs = render("default")
     deploy = find(objs, "Deployment")
@@ -45,12 +58,11 @@ def test_default_is_two_synced_replicas_that_roll_without_a_gap(render: Render) 
     peers = find(objs, "Service", f"{RELEASE}-peers")
     assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["ports"][0]["targetPort"] == "sync"
     assert peers["spec"]["ports"][0]["port"] == config.sync.port
-    # The shared secret comes from a Secret the chart renders.
-    env = {e["name"]: e for e in c["env"]}
-    ref = env["PREFIX_EPP_SYNC_SECRET"]["valueFrom"]["secretKeyRef"]
-    secret = find(objs, "Secret", ref["name"])
-    assert ref["key"] in secret["data"] and len(secret["data"][ref["key"]]) >= 24
+    # The shared secret comes from a Secret the chart renders, as a file (never an environment variable).
+    secret = find(objs, "Secret", sync_secret_name(deploy))
+    assert len(secret["data"]["secret"]) >= 24
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert "PREFIX_EPP_SYNC_SECRET" not in {e["name"] for e in c["env"]}
     # preStop sleep + drain fit in the grace period, so the kubelet never kills a draining picker.
     sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
     assert sleep > 0 and sleep + config.drain.timeout_s < pod["terminationGracePeriodSeconds"]
@@ -67,14 +79,24 @@ def test_ha_values_flow_into_the_pod(helm: Helm) -> None:
     c = container(deploy)
     assert config.workers == 3 and config.sync.port == 0 and config.drain.timeout_s == 58
     assert "lifecycle" not in c and "topologySpreadConstraints" not in deploy["spec"]["template"]["spec"]
-    assert not find_all(objs, "PodDisruptionBudget") and not find_all(objs, "Secret")
+    assert not find_all(objs, "PodDisruptionBudget")
+    assert [s["metadata"]["name"] for s in find_all(objs, "Secret")] == [f"{RELEASE}-tls"]  # no sync secret
     assert [s["metadata"]["name"] for s in find_all(objs, "Service")] == [RELEASE]
-    assert "PREFIX_EPP_SYNC_SECRET" not in {e["name"] for e in c["env"]}
+    assert config.sync.secret_file == ""
+    assert not [v for v in deploy["spec"]["template"]["spec"]["volumes"] if "sync" in v["name"]]
 
 
 def test_existing_sync_secret_is_used_not_made(helm: Helm) -> None:
     objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE,
                          values={"ha": {"sync": {"existingSecret": "mine"}}})
-    env = {e["name"]: e for e in container(find(objs, "Deployment"))["env"]}
-    assert env["PREFIX_EPP_SYNC_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "mine"
-    assert not find_all(objs, "Secret")
+    assert sync_secret_name(find(objs, "Deployment")) == "mine"
+    assert not [s for s in find_all(objs, "Secret") if s["metadata"]["name"].endswith("-sync")]
+
+
+def test_generated_sync_secret_differs_per_render(helm: Helm) -> None:
+    """Without a cluster to look it up in, each render makes a new random secret: no install
+    shares a value with another (the reason GitOps renders must use existingSecret)."""
+    values = {"networkPolicy": {"enabled": False}}
+    first, second = (find(helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values=values), "Secret",
+                          f"{RELEASE}-sync")["data"]["secret"] for _ in range(2))
+    assert first != second

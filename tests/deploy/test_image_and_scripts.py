@@ -149,7 +149,7 @@ def test_kind_up_installs_the_pinned_pieces() -> None:
     assert ("https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/"
             "${GIE_VERSION}/manifests.yaml") in SCRIPT
     assert "helm upgrade --install eg oci://docker.io/envoyproxy/gateway-helm" in SCRIPT
-    # The chart's default picker TLS wiring uses Envoy Gateway's Backend API.
+    # Envoy Gateway's Backend API: the chart's unverified-TLS fallback (pickerTLS.insecureSkipVerify) uses it.
     assert "config.envoyGateway.extensionApis.enableBackend=true" in SCRIPT
     for path in ("kind-config.yaml", "manifests/values-kind.yaml", "charts/prefix-epp",
                  "manifests/base/simulator.yaml", "manifests/base/gatewayclass.yaml"):

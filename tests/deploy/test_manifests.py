@@ -5,14 +5,17 @@ and the model pods carry the labels and ports the InferencePool expects."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 
 from prefix_epp_sim.cli import add_arguments as add_sim_arguments
 from prefix_epp_sim.cli import config_from_args as sim_config_from_args
@@ -27,6 +30,10 @@ KIND_VALUES: Obj = yaml.safe_load((MANIFESTS / "values-kind.yaml").read_text())
 SCRIPT = (REPO_ROOT / "scripts" / "kind-up.sh").read_text()
 
 
+GEN_SECRETS = REPO_ROOT / "scripts" / "gen-secrets.sh"
+OVERLAYS = {"base": Path("."), "eks": Path("overlays") / "eks"}  # kustomization directory in manifests/
+
+
 def build(kubectl: Kubectl, path: Path) -> list[Obj]:
     proc = kubectl("kustomize", str(path))
     assert proc.returncode == 0, proc.stderr
@@ -34,13 +41,26 @@ def build(kubectl: Kubectl, path: Path) -> list[Obj]:
 
 
 @pytest.fixture(scope="module")
-def base(kubectl: Kubectl) -> list[Obj]:
-    return build(kubectl, MANIFESTS)
+def rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of manifests/ (without any secrets of this checkout) in which scripts/gen-secrets.sh
+    wrote each overlay's own secrets, as a user would before `kubectl apply -k`."""
+    root = tmp_path_factory.mktemp("rollouts") / "manifests"
+    shutil.copytree(MANIFESTS, root, ignore=shutil.ignore_patterns("secrets"))
+    for overlay in OVERLAYS.values():
+        proc = subprocess.run(["bash", str(GEN_SECRETS), str(root / overlay / "secrets")], capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root
 
 
 @pytest.fixture(scope="module")
-def eks(kubectl: Kubectl) -> list[Obj]:
-    return build(kubectl, MANIFESTS / "overlays" / "eks")
+def base(kubectl: Kubectl, rollouts: Path) -> list[Obj]:
+    return build(kubectl, rollouts / OVERLAYS["base"])
+
+
+@pytest.fixture(scope="module")
+def eks(kubectl: Kubectl, rollouts: Path) -> list[Obj]:
+    return build(kubectl, rollouts / OVERLAYS["eks"])
 
 
 def pod_labels(deployment: Obj) -> dict[str, str]:
@@ -190,3 +210,70 @@ def test_image_reaches_every_workload_of_the_quickstart(kubectl: Kubectl, helm: 
                          values_files=[MANIFESTS / "values-kind.yaml"])
     deployments = [o for o in objs if o["kind"] == "Deployment"]
     assert deployments and all(container(d)["image"] == image for d in deployments)
+
+
+# --- secrets: each rollout its own, none in git ------------------------------------------------
+
+OLD_PUBLIC_SECRET = "kind-only-prefix-epp-peer-sync-secret-change-me"  # shipped by earlier releases
+
+
+@pytest.mark.parametrize("which", sorted(OVERLAYS))
+def test_no_overlay_builds_without_its_own_secrets(kubectl: Kubectl, tmp_path: Path, which: str) -> None:
+    root = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, root, ignore=shutil.ignore_patterns("secrets"))
+    proc = kubectl("kustomize", str(root / OVERLAYS[which]))
+    assert proc.returncode != 0
+    assert "secrets/" in proc.stderr, proc.stderr
+
+
+def test_overlays_have_their_own_secrets(base: list[Obj], eks: list[Obj]) -> None:
+    names = {"prefix-epp-sync", "prefix-epp-tls"}
+    for objs in (base, eks):
+        assert {s["metadata"]["name"] for s in find_all(objs, "Secret")} == names
+    for name in names:
+        assert find(base, "Secret", name)["data"] != find(eks, "Secret", name)["data"], name
+    assert find(base, "ConfigMap", "prefix-epp-ca")["data"] != find(eks, "ConfigMap", "prefix-epp-ca")["data"]
+    # No Secret is in git: not in base/, and the public one of earlier releases nowhere.
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    files = [REPO_ROOT / f for f in tracked.decode().split("\0") if f.startswith(("manifests/", "charts/"))]
+    for path in files:
+        text = path.read_text()
+        assert OLD_PUBLIC_SECRET not in text, path
+        if path.suffix == ".yaml" and "templates" not in path.parts:
+            assert not [d for d in load_documents(text) if d.get("kind") == "Secret"], path
+
+
+@pytest.mark.parametrize("which", sorted(OVERLAYS))
+def test_manifests_verify_the_picker_with_their_own_ca(request: pytest.FixtureRequest, which: str) -> None:
+    objs: list[Obj] = request.getfixturevalue(which)
+    deploy = find(objs, "Deployment", "prefix-epp")
+    volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "prefix-epp-tls"
+    assert volumes["sync-secret"]["secret"]["secretName"] == "prefix-epp-sync"
+    tls = find(objs, "Secret", "prefix-epp-tls")
+    assert tls["type"] == "kubernetes.io/tls"
+    sync = find(objs, "Secret", "prefix-epp-sync")
+    assert len(base64.b64decode(sync["data"]["secret"])) >= 32
+    policy = find(objs, "BackendTLSPolicy")
+    [ref] = policy["spec"]["validation"]["caCertificateRefs"]
+    ca = x509.load_pem_x509_certificate(find(objs, "ConfigMap", ref["name"])["data"]["ca.crt"].encode())
+    cert = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert policy["spec"]["validation"]["hostname"] in sans
+    assert not find_all(objs, "Backend"), "no insecureSkipVerify Backend"
+    assert find(objs, "NetworkPolicy", "prefix-epp")
+
+
+def test_gen_secrets_passes_shellcheck_and_keeps_existing_files(shellcheck: Path, tmp_path: Path) -> None:
+    proc = subprocess.run([str(shellcheck), "--shell=bash", "--severity=style", str(GEN_SECRETS)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = [subprocess.run(["bash", str(GEN_SECRETS), str(tmp_path)], capture_output=True, text=True, check=False)]
+    first = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    runs.append(subprocess.run(["bash", str(GEN_SECRETS), str(tmp_path)], capture_output=True, text=True, check=False))
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert "wrote" not in runs[1].stdout
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == first
+    assert set(first) == {"sync-secret", "ca.crt", "tls.crt", "tls.key"}  # the CA key is not kept
+    assert all((tmp_path / name).stat().st_mode & 0o077 == 0 for name in first)

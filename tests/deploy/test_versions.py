@@ -120,7 +120,7 @@ def test_supported_versions_table_matches_what_is_validated() -> None:
     assert (gie[0], gie[1], gie[2]) == (VERSIONS.gie_min, VERSIONS.gie, VERSIONS.gie)
     assert (gie[0], gie[1]) == (vendored("inference-extension")[0], vendored("inference-extension")[-1])
     assert kind[0] == VERSIONS.kind_min and VERSIONS.kind_node_image.split("@")[0].split(":")[1] in kind[2]
-    assert f"{VERSIONS.eg_verified_tls_min} for `envoyGateway.pickerTLS.caConfigMap`" in DOCS
+    assert f"{VERSIONS.eg_verified_tls_min} to verify the picker, the default" in DOCS
     assert f"llm-d router {VERSIONS.llmd_router}" in DOCS
     assert f"/#installation) {VERSIONS.kind_min} or newer" in DOCS
 
@@ -141,7 +141,7 @@ def test_chart_notes_state_the_supported_ranges(helm: Helm) -> None:
     notes = helm.run(args).stdout.split("NOTES:", 1)[1]
     assert f"Inference Extension CRDs {VERSIONS.gie_min} to {VERSIONS.gie}" in notes
     assert f"Envoy Gateway {VERSIONS.eg_min} to {VERSIONS.eg}" in notes
-    assert f"{VERSIONS.eg_verified_tls_min}+ for pickerTLS.caConfigMap" in notes
+    assert f"{VERSIONS.eg_verified_tls_min}+ to verify the picker, the default" in notes
 
 
 # --- the chart refuses an Envoy Gateway that is too old --------------------------------------------
@@ -166,8 +166,19 @@ def test_chart_fails_to_render_for_a_too_old_gateway(helm: Helm, label: str, val
     assert needle in proc.stderr and values["envoyGateway"]["version"] in proc.stderr, proc.stderr
 
 
+def test_verification_is_not_silently_dropped_below_its_minimum(helm: Helm) -> None:
+    """Envoy Gateway older than the BackendTLSPolicy v1 minimum: the default (verified) wiring
+    refuses to render rather than falling back to unverified TLS."""
+    values = {"envoyGateway": {"enabled": True, "version": VERSIONS.eg_min}}
+    proc = helm.run(helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=values), check=False)
+    assert proc.returncode != 0
+    assert "insecureSkipVerify" in proc.stderr and VERSIONS.eg_verified_tls_min in proc.stderr
+
+
 def test_chart_renders_at_each_minimum(helm: Helm) -> None:
-    for values in ({"envoyGateway": {"enabled": True, "version": VERSIONS.eg_min}},
+    for values in ({"envoyGateway": {"enabled": True, "version": VERSIONS.eg_min,
+                                     "pickerTLS": {"insecureSkipVerify": True}}},
+                   {"envoyGateway": {"enabled": True, "version": VERSIONS.eg_verified_tls_min}},
                    {"tls": {"existingSecret": "s"},
                     "envoyGateway": {"enabled": True, "version": VERSIONS.eg_verified_tls_min,
                                      "pickerTLS": {"caConfigMap": "ca"}}}):

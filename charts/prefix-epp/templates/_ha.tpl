@@ -18,17 +18,33 @@
 - --sync-port={{ .Values.ha.sync.port }}
 - --peer-selector={{ include "prefix-epp.selectorLabels" . | replace ": " "=" | replace "\n" "," }}
 - --sync-warm-timeout={{ .Values.ha.sync.warmTimeout }}
+- --sync-secret-file={{ include "prefix-epp.syncSecretDir" . }}/secret
 {{- end }}
 {{- end -}}
 
-{{/* Container env of the HA settings. */}}
-{{- define "prefix-epp.haEnv" -}}
+{{/* Directory the sync Secret is mounted at; the picker reads the file "secret" in it. */}}
+{{- define "prefix-epp.syncSecretDir" -}}/etc/prefix-epp/sync{{- end -}}
+
+{{/* Container volume mounts of the HA settings: the sync secret as a file, never an environment
+variable (environment variables leak into `kubectl describe`, crash dumps and child processes). */}}
+{{- define "prefix-epp.haVolumeMounts" -}}
 {{- if .Values.ha.sync.enabled }}
-- name: PREFIX_EPP_SYNC_SECRET
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "prefix-epp.syncSecretName" . }}
-      key: secret
+- name: sync-secret
+  mountPath: {{ include "prefix-epp.syncSecretDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Pod volumes of the HA settings. */}}
+{{- define "prefix-epp.haVolumes" -}}
+{{- if .Values.ha.sync.enabled }}
+- name: sync-secret
+  secret:
+    secretName: {{ include "prefix-epp.syncSecretName" . }}
+    defaultMode: 0440  # root and the pod's fsGroup (the picker runs in it)
+    items:
+      - key: secret
+        path: secret
 {{- end }}
 {{- end -}}
 

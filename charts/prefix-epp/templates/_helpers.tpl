@@ -92,7 +92,70 @@ BackendTLSPolicy v1 (verified TLS to the picker), and the newest tested. */}}
 {{- fail (printf "envoyGateway.version %s is not supported: the Envoy Gateway wiring needs %s or newer (FullDuplexStreamed ext_proc, endpointOverride, Backend tls.insecureSkipVerify); upgrade Envoy Gateway or set envoyGateway.enabled=false" $v $min) -}}
 {{- end -}}
 {{- $tlsMin := include "prefix-epp.egVerifiedTLSMinVersion" . -}}
-{{- if and .Values.tls.enabled .Values.envoyGateway.pickerTLS.caConfigMap (not .Values.envoyGateway.inferencePoolBackend) (not (semverCompare (printf ">=%s" $tlsMin) $v)) -}}
-{{- fail (printf "envoyGateway.pickerTLS.caConfigMap needs Envoy Gateway %s or newer (BackendTLSPolicy gateway.networking.k8s.io/v1); envoyGateway.version is %s. Upgrade Envoy Gateway, or leave caConfigMap empty (TLS without verification through an Envoy Gateway Backend)" $tlsMin $v) -}}
+{{- if and .Values.tls.enabled (not .Values.envoyGateway.pickerTLS.insecureSkipVerify) (not .Values.envoyGateway.inferencePoolBackend) (not (semverCompare (printf ">=%s" $tlsMin) $v)) -}}
+{{- fail (printf "verifying the picker's certificate needs Envoy Gateway %s or newer (BackendTLSPolicy gateway.networking.k8s.io/v1); envoyGateway.version is %s. Upgrade Envoy Gateway, or set envoyGateway.pickerTLS.insecureSkipVerify=true (TLS without verification through an Envoy Gateway Backend: whoever takes the picker's address receives every prompt)" $tlsMin $v) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* TLS of the ext_proc port (templates/tls.yaml). "generated": the chart makes the picker's
+certificate (tls.enabled, tls.generate, no tls.existingSecret). */}}
+{{- define "prefix-epp.tlsGenerated" -}}
+{{- if and .Values.tls.enabled .Values.tls.generate (not .Values.tls.existingSecret) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* A certificate Secret is mounted (given or generated); else the picker makes a self-signed one. */}}
+{{- define "prefix-epp.tlsMounted" -}}
+{{- if and .Values.tls.enabled (or .Values.tls.existingSecret .Values.tls.generate) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Mutual TLS: the picker requires a client certificate signed by tls.clientCA. */}}
+{{- define "prefix-epp.clientAuth" -}}
+{{- if .Values.tls.clientCA.name -}}
+{{- if not .Values.tls.enabled -}}
+{{- fail "tls.clientCA needs tls.enabled: client certificates are checked in the TLS handshake" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret (tls.crt, tls.key) the picker serves ext_proc with: given, or the generated one. */}}
+{{- define "prefix-epp.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "prefix-epp.fullname" .)) .Values.tls.existingSecret -}}
+{{- end -}}
+
+{{/* ConfigMap (key ca.crt) of the CA Envoy Gateway verifies the picker with. */}}
+{{- define "prefix-epp.caConfigMapName" -}}
+{{- if .Values.envoyGateway.pickerTLS.caConfigMap -}}
+{{- .Values.envoyGateway.pickerTLS.caConfigMap -}}
+{{- else if include "prefix-epp.tlsGenerated" . -}}
+{{- printf "%s-ca" (include "prefix-epp.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The generated certificate as a dict of base64 fields (tls.crt, tls.key, ca.crt): the existing
+Secret's when the cluster has one (helm install/upgrade), else a new CA and a certificate it signs
+for the picker Service's names. Made once per render and cached in .Values.tls, so the Secret,
+the CA ConfigMap and the pod's checksum see the same certificate. */}}
+{{- define "prefix-epp.tlsData" -}}
+{{- if not (hasKey .Values.tls "_data") -}}
+{{- $name := include "prefix-epp.tlsSecretName" . -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $name -}}
+{{- $data := dict -}}
+{{- if and $existing (hasKey (default dict $existing.data) "tls.crt") (hasKey $existing.data "tls.key") (hasKey $existing.data "ca.crt") -}}
+{{- $data = dict "tls.crt" (index $existing.data "tls.crt") "tls.key" (index $existing.data "tls.key") "ca.crt" (index $existing.data "ca.crt") -}}
+{{- else -}}
+{{- $full := include "prefix-epp.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $names := list $full (printf "%s.%s" $full $ns) (printf "%s.%s.svc" $full $ns) (include "prefix-epp.serviceHost" .) -}}
+{{- $ca := genCA (printf "%s-ca" $full) (int .Values.tls.validityDays) -}}
+{{- $cert := genSignedCert (include "prefix-epp.serviceHost" .) nil $names (int .Values.tls.validityDays) $ca -}}
+{{- $data = dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) -}}
+{{- end -}}
+{{- $_ := set .Values.tls "_data" $data -}}
+{{- end -}}
+{{- toJson .Values.tls._data -}}
 {{- end -}}
