@@ -135,9 +135,11 @@ def test_client_ca_without_tls_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("strip", "status"), [(True, 200), (False, 503)], ids=["stripped", "passed-through"])
 async def test_client_set_endpoint_selection_is_stripped(tmp_path: Path, strip: bool, status: int) -> None:
-    """A client names an endpoint the pool does not have: passed to the picker it is honoured
+    """A client names an endpoint the pool does not have, and the picker honours the header
+    (--enable-test-endpoint-selection, as for conformance tests): passed through it is obeyed
     (503, no candidate); stripped before any filter, the picker routes as usual."""
-    with echo_backends(tmp_path, 1) as backends, started(picker_for(tmp_path, backends)) as picker:
+    picker_args = ("--enable-test-endpoint-selection",)
+    with echo_backends(tmp_path, 1) as backends, started(picker_for(tmp_path, backends, *picker_args)) as picker:
         listen = free_port()
         path = tmp_path / "envoy.yaml"
         path.write_text(render(build_config(listen, f"127.0.0.1:{picker.grpc_port}", epp_tls=False,
