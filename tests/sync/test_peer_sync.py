@@ -34,9 +34,14 @@ async def test_decisions_reach_the_peer_and_do_not_echo(pair: tuple[PeerSync, Pe
     b.index.record("10.0.0.2:8000", [1, 9])
     await until(lambda: b.index.match([1, 2, 3], ["10.0.0.1:8000"]) == {"10.0.0.1:8000": 3})
     await until(lambda: a.index.match([1, 9], ["10.0.0.2:8000"]) == {"10.0.0.2:8000": 2})
-    await asyncio.sleep(0.05)  # would an echo come back, it would have by now (flush every 5 ms)
-    assert a.stats.records_applied == 1 and b.stats.records_applied == 1
-    assert a.stats.records_sent == 1 and b.stats.records_sent == 1
+    # Markers sent after each side applied the other's record: a link delivers in order, so any
+    # echo of those records would arrive before the marker that follows it on the same link.
+    a.index.record("10.0.0.1:8000", [70])
+    b.index.record("10.0.0.2:8000", [71])
+    await until(lambda: b.index.match([70], ["10.0.0.1:8000"]) == {"10.0.0.1:8000": 1})
+    await until(lambda: a.index.match([71], ["10.0.0.2:8000"]) == {"10.0.0.2:8000": 1})
+    assert a.stats.records_applied == 2 and b.stats.records_applied == 2
+    assert a.stats.records_sent == 2 and b.stats.records_sent == 2
     assert all(link.is_self for link in a.links.values() if link.address.endswith(str(a.cfg.port)))
 
 
@@ -57,9 +62,10 @@ async def test_non_peer_cannot_inject() -> None:
     await mallory.start()
     try:
         await until(lambda: a.stats.rejected["unauthenticated"] >= 2)  # its Hello is refused, again and again
+        refused = a.stats.rejected["unauthenticated"]
         mallory.index.record("10.6.6.6:8000", [1, 2, 3])
         mallory.flush()
-        await asyncio.sleep(0.1)
+        await until(lambda: a.stats.rejected["unauthenticated"] > refused)  # it tried again after the flush
         assert a.index.entries == 0 and a.stats.records_applied == 0
         assert mallory.connected_peers() == 0
     finally:
@@ -127,8 +133,7 @@ async def test_scale_down_and_up_follow_set_peers(pair: tuple[PeerSync, PeerSync
         await until(lambda: a.connected_peers() == 1)
         a.index.record("10.0.0.1:8000", [5])
         await until(lambda: c.index.held_by("10.0.0.1:8000") == 1)
-        await asyncio.sleep(0.05)
-        assert b.index.held_by("10.0.0.1:8000") == 0  # b is no longer a peer of a
+        assert b.index.held_by("10.0.0.1:8000") == 0  # b is no longer a peer of a: no link to send on
     finally:
         await c.stop()
 
@@ -150,9 +155,10 @@ async def test_precise_speculative_entries_are_shared() -> None:
         managers[0].record("10.0.0.1:8000", [11, 12, 13])
         await until(lambda: managers[1].index.speculative("10.0.0.1:8000") == 3)
         assert managers[1].index.match([11, 12, 13], ["10.0.0.1:8000"], managers[1].now()) == {"10.0.0.1:8000": 3}
-        await asyncio.sleep(0.05)
+        managers[1].record("10.0.0.2:8000", [99])  # a marker behind any echo on the same link
+        await until(lambda: managers[0].index.speculative("10.0.0.2:8000") == 1)
         assert managers[0].index.speculative("10.0.0.1:8000") == 3  # applied once, no echo growth
-        assert syncs[0].stats.records_applied == 0
+        assert syncs[0].stats.records_applied == 1  # the marker; nothing of its own came back
     finally:
         for sync in syncs:
             await sync.stop()
