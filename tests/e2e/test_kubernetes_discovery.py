@@ -205,8 +205,12 @@ def test_traffic_follows_pods_and_pool_through_envoy(tmp_path: Path) -> None:
         assert s.served(10) == {p1}
         assert "watch expired (410 Gone)" in s.picker.log_text()
         # A pool-watch cut without 410 is a plain re-watch: nothing changes.
+        watches = s.api.watch_count(POOL_V1)
         s.api.cut_watches(POOL_V1)
-        time.sleep(0.2)
+        deadline = time.monotonic() + 15
+        while s.api.watch_count(POOL_V1) == watches and time.monotonic() < deadline:  # watching again
+            time.sleep(0.01)
+        assert s.api.watch_count(POOL_V1) > watches
         assert s.served(10) == {p1} and s.readiness() == SERVING
         metrics = HTTP.request("GET", f"http://127.0.0.1:{s.metrics_port}/metrics").data.decode()
         assert 'inference_pool_ready_pods{name="pool"} 1.0' in metrics
