@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import xxhash
 
@@ -41,28 +42,52 @@ def chunk_bounds(text: str, size: int = CHUNK_CHARS) -> Iterator[tuple[int, int]
         yield start, n
 
 
+class ChunkCache:
+    """Token ids of text chunks in an LRU keyed by the chunk's xxh3 hash, stored as uint32 arrays.
+
+    A lock guards it: the worker thread of `encode_async` and an in-process caller may both encode.
+    """
+
+    def __init__(self, capacity: int = CHUNK_CACHE_ENTRIES) -> None:
+        self._entries: OrderedDict[int, array[int]] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self.misses = 0  # chunks encoded, for tests and benchmarks
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def ids(self, piece: str, encode_piece: Callable[[str], list[int]]) -> array[int]:
+        key = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"))
+        with self._lock:
+            ids = self._entries.get(key)
+            if ids is not None:
+                self._entries.move_to_end(key)
+                return ids
+        ids = array("I", encode_piece(piece))
+        with self._lock:
+            self.misses += 1
+            self._entries[key] = ids
+            if len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+        return ids
+
+
 class BuiltinTokenizer(LocalTokenizer):
     """extproc/tokenization/builtin.py in cached chunks; cooperative off-loop encoding (module docstring)."""
 
     name = "builtin"
 
     def __init__(self, cache_entries: int = CHUNK_CACHE_ENTRIES) -> None:
-        self._cache: OrderedDict[int, array[int]] = OrderedDict()
-        self._capacity = cache_entries
-        self.chunks_encoded = 0  # cache misses, for tests and benchmarks
+        self._cache = ChunkCache(cache_entries)
+
+    @property
+    def chunks_encoded(self) -> int:
+        """Cache misses so far (tests and benchmarks)."""
+        return self._cache.misses
 
     def _chunk(self, piece: str) -> array[int]:
-        key = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"))
-        ids = self._cache.get(key)
-        if ids is not None:
-            self._cache.move_to_end(key)
-            return ids
-        ids = array("I", encode(piece))
-        self.chunks_encoded += 1
-        self._cache[key] = ids
-        if len(self._cache) > self._capacity:
-            self._cache.popitem(last=False)
-        return ids
+        return self._cache.ids(piece, encode)
 
     def encode_text(self, text: str, chat: bool) -> list[int]:
         out: list[int] = []

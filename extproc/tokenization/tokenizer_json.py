@@ -8,6 +8,19 @@ templates of which "default" is used), else `chat_template.jinja` (what transfor
 vLLM render it, with the config's `bos_token` and `eos_token`. A model without a template renders
 with the builtin ChatML template. `tokenizers` releases the GIL, so `encode_async` runs in a worker
 thread.
+
+Cached chunks. Requests share long prefixes (a system prompt, a conversation so far), so a text
+longer than CHUNK_CHARS is encoded in the chunks of extproc/tokenization/chunking.py
+(`chunk_bounds`: cuts only at a space after a non-space and before a letter), each chunk's ids
+remembered in a `ChunkCache`: a shared prefix is tokenized once, not once per request. That
+equals encoding the whole text only where no pre-token can straddle such a cut, so it is used for
+byte-level BPE tokenizers without a normalizer (GPT-2, Llama 3, Qwen, Mistral's tekken): their
+pre-tokenizer regexes start a new pre-token at a space before a letter and never end one with a
+space after a non-space, and BPE merges stay inside pre-tokens. The special tokens a completion's
+encoding adds (BOS, or BOS and EOS) are taken from the tokenizer's own post-processor and put
+around the chunks. As a guard, the first VERIFY_TEXTS chunked encodings are also encoded whole;
+one difference turns chunking off for good (logged once): never a wrong token, at the cost of
+those double encodings.
 """
 
 from __future__ import annotations
@@ -23,7 +36,35 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from extproc.request.openai import ParsedRequest
 from extproc.tokenization.builtin import render_chat
+from extproc.tokenization.chunking import CHUNK_CACHE_ENTRIES, CHUNK_CHARS, ChunkCache, chunk_bounds
 from extproc.tokenization.local import LocalTokenizer, log
+
+VERIFY_TEXTS = 64
+
+
+def chunks_are_exact(spec: Mapping[str, Any]) -> bool:
+    """True when `chunk_bounds` cuts are pre-token boundaries of this tokenizer (module docstring)."""
+    if spec.get("normalizer") is not None or (spec.get("model") or {}).get("type") != "BPE":
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    steps = [step for step in steps if isinstance(step, Mapping)]
+    kinds = [step.get("type") for step in steps]
+    if not kinds or kinds[-1] != "ByteLevel" or not set(kinds) <= {"Split", "ByteLevel"}:
+        return False
+    # The splitting regex: a Split step before it, or ByteLevel's own (GPT-2's); without either
+    # the whole text is one pre-token and merges may cross spaces.
+    return "Split" in kinds or bool(steps[-1].get("use_regex", True))
+
+
+def special_wrapping(tok: Any) -> tuple[list[int], list[int]] | None:
+    """(ids before, ids after) the text that the post-processor adds for a completion, or None."""
+    plain = tok.encode("a", add_special_tokens=False).ids
+    full = tok.encode("a", add_special_tokens=True).ids
+    for i in range(len(full) - len(plain) + 1):
+        if full[i:i + len(plain)] == plain:
+            return full[:i], full[i + len(plain):]
+    return None
 
 
 class HFTokenizer(LocalTokenizer):
@@ -31,10 +72,14 @@ class HFTokenizer(LocalTokenizer):
 
     name = "huggingface"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, cache_entries: int = CHUNK_CACHE_ENTRIES) -> None:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(path)
+        self._wrap = special_wrapping(self._tok)
+        self.chunked = self._wrap is not None and chunks_are_exact(json.loads(self._tok.to_str()))
+        self._chunks = ChunkCache(cache_entries)
+        self._verify_left = VERIFY_TEXTS
         self._pool: ThreadPoolExecutor | None = None
         self._template: Any = None
         self._specials: dict[str, str] = {}
@@ -72,8 +117,35 @@ class HFTokenizer(LocalTokenizer):
                                           **self._specials)
         return text
 
-    def encode_text(self, text: str, chat: bool) -> list[int]:
+    @property
+    def chunks_encoded(self) -> int:
+        """Chunks encoded so far (cache misses; tests and benchmarks)."""
+        return self._chunks.misses
+
+    def _whole(self, text: str, chat: bool) -> list[int]:
         ids: list[int] = self._tok.encode(text, add_special_tokens=not chat).ids
+        return ids
+
+    def _piece(self, piece: str) -> list[int]:
+        ids: list[int] = self._tok.encode(piece, add_special_tokens=False).ids
+        return ids
+
+    def encode_text(self, text: str, chat: bool) -> list[int]:
+        if not self.chunked or len(text) <= CHUNK_CHARS or self._wrap is None:
+            return self._whole(text, chat)
+        before, after = ([], []) if chat else self._wrap
+        ids = list(before)
+        for start, end in chunk_bounds(text):
+            ids.extend(self._chunks.ids(text[start:end], self._piece))
+        ids.extend(after)
+        if self._verify_left > 0:
+            self._verify_left -= 1
+            whole = self._whole(text, chat)
+            if whole != ids:
+                self.chunked = False
+                log.warning("chunked tokenization differs from the whole text's; encoding whole texts from now on",
+                            extra={"tokenizer": self.name})
+                return whole
         return ids
 
     async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
