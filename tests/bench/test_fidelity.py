@@ -48,5 +48,6 @@ def test_rows_compare_the_engines_hit_rate_and_flag_the_bounds() -> None:
     assert set(out) == {"a", "b"}
     assert out["a"]["hit_real"] == 0.6 and out["a"]["hit_err"] == pytest.approx(0.02)
     assert out["a"]["ttft_p50_err"] == pytest.approx(0.1) and out["a"]["ttft_p90_err"] == pytest.approx(-0.25)
-    assert out["a"]["within"] and not out["b"]["within"]  # b: 10 points off a 40% hit rate
+    assert out["a"]["hit_within"] and out["a"]["ttft_within"]
+    assert not out["b"]["hit_within"] and out["b"]["ttft_within"]  # b: 10 points off a 40% hit rate
     assert not math.isnan(out["b"]["ttft_p50_err"])
