@@ -195,6 +195,7 @@ def build_config(
         "connect_timeout": f"{traffic.connect_timeout_s}s",
         "original_dst_lb_config": {"metadata_key": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}},
         "circuit_breakers": _circuit_breakers(traffic),
+        "typed_extension_protocol_options": _upstream_http(traffic),
     }
     config: dict[str, Any] = {
         "static_resources": {
@@ -317,7 +318,17 @@ def _override_host_cluster(endpoints: tuple[str, ...], traffic: ProxyTrafficConf
             },
         }}]},
         "circuit_breakers": _circuit_breakers(traffic),
+        "typed_extension_protocol_options": _upstream_http(traffic),
     }
+
+
+def _upstream_http(t: ProxyTrafficConfig) -> dict[str, Any]:
+    """HTTP/1.1 to the model servers, idle connections closed before the servers close them."""
+    return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        _TYPE: "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "common_http_protocol_options": {"idle_timeout": f"{t.upstream_idle_timeout_s}s"},
+        "explicit_http_config": {"http_protocol_options": {}},
+    }}
 
 
 def _is_ip(host: str) -> bool:

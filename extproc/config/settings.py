@@ -187,6 +187,11 @@ class ProxyTrafficConfig:
     # Whole-request timeout: long generations (minutes of streamed tokens) must not be cut.
     route_timeout_s: int = 3600
     connect_timeout_s: float = 2.0
+    # Idle upstream connections are closed after this. vLLM's server (uvicorn) closes a keep-alive
+    # connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); Envoy keeps them for 1 h by default
+    # and may send a request on one the server is closing: a 503 "connection termination".
+    # Closing them first avoids the race.
+    upstream_idle_timeout_s: float = 4.0
 
 
 @dataclass(frozen=True)

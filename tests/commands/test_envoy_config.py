@@ -41,6 +41,17 @@ def test_circuit_breakers_sized_for_llm_concurrency(endpoints: tuple[str, ...]) 
         assert th["max_requests"] > 1024  # Envoy's default would 503 long generations above it
 
 
+@pytest.mark.parametrize("endpoints", [(), ENDPOINTS])
+def test_idle_model_connections_close_before_vllms_keep_alive_does(endpoints: tuple[str, ...]) -> None:
+    """vLLM (uvicorn) closes a keep-alive connection idle for 5 s; a request Envoy sent on it then
+    fails with 503 "connection termination". Envoy closes its idle ones first."""
+    options = cluster(build_config(8081, "127.0.0.1:9002", endpoints=endpoints),
+                      "picked")["typed_extension_protocol_options"]
+    http = options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert http["common_http_protocol_options"]["idle_timeout"] == f"{T.upstream_idle_timeout_s}s"
+    assert T.upstream_idle_timeout_s < 5 and "http_protocol_options" in http["explicit_http_config"]
+
+
 def test_no_retry_policy_with_a_single_endpoint() -> None:
     for endpoints in ((), ENDPOINTS):
         r = route(build_config(8081, "127.0.0.1:9002", endpoints=endpoints, max_endpoints=1))

@@ -31,6 +31,13 @@ def test_values_equal_the_proxy_defaults() -> None:
     assert tuple(retry["httpStatusCodes"]) == T.retriable_status_codes
     assert seconds(retry["backoffBaseInterval"]) == T.retry_backoff_base_ms / 1000
     assert seconds(values["route"]["requestTimeout"]) == T.route_timeout_s
+    assert seconds(values["traffic"]["upstreamIdleTimeout"]) == T.upstream_idle_timeout_s
+
+
+def test_idle_model_connections_close_before_the_servers_keep_alive(render: Render) -> None:
+    """vLLM closes keep-alive connections idle for 5 s; Envoy must close its own first."""
+    spec = find(render("envoy-gateway"), "BackendTrafficPolicy")["spec"]
+    assert seconds(spec["timeout"]["http"]["connectionIdleTimeout"]) == T.upstream_idle_timeout_s < 5
 
 
 def test_circuit_breaker_on_the_model_route(render: Render) -> None:
