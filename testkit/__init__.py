@@ -16,6 +16,9 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `vllm_text` | fake vLLM /metrics text (real Prometheus text under vLLM's names) |
 | `vllm_stubs` | `python -m testkit.vllm_stubs`: model-server stubs serving that text |
 | `extproc_stream` | the ext_proc stream state machine driven message by message, no gRPC |
+| `extproc_grpc` | the picker's real gRPC servers in the test's own process (state inspectable mid-stream) |
+| `sync` | peer-sync replicas for the sync tests (a datastore that knows the pool, a replica per port) |
+| `netpol` | which connections NetworkPolicies admit, by the Kubernetes rules (ingress only) |
 | `kvevents` | simulated replicas publishing KV events, a running manager, event batches |
 | `kube` | a fake Kubernetes API (kmock's emulator) and the pool, pod and objective objects |
 | `kubeapi` | a real etcd + kube-apiserver built from source (`bench/peers/build.sh kube`) |
@@ -24,6 +27,9 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `crd_validation` | custom resources validated offline against vendored upstream CRDs |
 | `versions` | versions.env parsed (the external versions the deployment pins) |
 | `render_manifests` | `python -m testkit.render_manifests`: manifests/base/prefix-epp.yaml from the chart |
+| `vllm_env` | `make vllm`: vLLM's CPU build and the tiny model, cached outside the repository |
+| `tiny_model` | the tiny random Llama and its tokenizer, generated offline inside that environment |
+| `vllm` | real `vllm serve` engines on loopback addresses, one core each, stopped by PID |
 
 Data: `crds/apiserver/` (CRDs installed into the real kube-apiserver) and `crds/schemas/` (the
 compressed upstream CRDs of the offline validation, `SOURCES.yaml`, and `vendor.py`, which
