@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.commands.envoy_config import build_config, render
-from testkit.procs import VENV_BIN, Proc, free_port, running
+from testkit.procs import VENV_BIN, Proc, free_ports, running
 
 
 def envoy_binary() -> str:
@@ -42,7 +42,7 @@ def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_m
     `strip_control_headers` is off here, unlike envoy-config's default: the end-to-end tests drive
     the picker with the conformance header test-epp-endpoint-selection.
     """
-    listen, admin = free_port(), free_port()
+    listen, admin = free_ports(2)  # one call: two separate ones may return the same port
     cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
                        request_body_mode=request_body_mode, response_processing=response_processing,
                        endpoints=endpoints, max_endpoints=max_endpoints, failure_mode_allow=failure_mode_allow,
@@ -80,7 +80,7 @@ def plain_envoy_config(listen: int, admin: int, backends: list[str]) -> dict[str
 @contextlib.contextmanager
 def run_plain_envoy(tmp: Path, backends: list[str], name: str = "envoy-rr") -> Iterator[tuple[Proc, int, int]]:
     """Envoy alone, round robin over `backends` (`plain_envoy_config`); yields (proc, listen, admin)."""
-    listen, admin = free_port(), free_port()
+    listen, admin = free_ports(2)  # one call: two separate ones may return the same port
     path = tmp / f"{name}.yaml"
     path.write_text(render(plain_envoy_config(listen, admin, backends)))
     args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning", "--base-id", str(listen)]
