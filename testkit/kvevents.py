@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,11 +36,14 @@ from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.kv_publisher import encode_batch
 from prefix_epp_sim.kvcache import BlockStored, block_hash_seed, hash_blocks
 from prefix_epp_sim.server import Replica, run_replicas
+from testkit.procs import until
 
 # 40 blocks of 16 tokens; a PROMPTS[i] request needs about 13 blocks, so the fourth distinct one evicts.
 SIM = SimConfig(time_scale=100.0, kv_cache_blocks=40, max_model_len=640, kv_events_port_base=0)
 PROMPTS = [f"request {i}: " + "lorem ipsum dolor sit amet " * 35 for i in range(6)]
 FAST = KVEventsConfig(maintenance_interval_s=0.05, replay_timeout_s=0.5, resync_window_s=0.3)
+
+wait_for = until  # the name the KV-event tests import
 
 
 def spec_for(rep: Replica, replay: bool = True) -> EndpointSpec:
@@ -74,13 +76,6 @@ def precise_blocks(m: KVEventsManager, rep: Replica, prompt: str) -> int:
     key = f"127.0.0.1:{rep.port}"
     return m.index.match(keys, [key], m.now()).get(key, 0)
 
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 async def agrees(m: KVEventsManager, rep: Replica, prompts: list[str] = PROMPTS) -> None:

@@ -6,6 +6,7 @@ group and killed (TERM, then KILL) when the test ends, so nothing outlives the t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +82,15 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0,
             return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+async def until(cond: Callable[[], bool], timeout: float = 15.0) -> None:
+    """Wait on the event loop until `cond()` holds; TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.01)
 
 
 class Proc:

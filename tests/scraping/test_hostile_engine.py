@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
@@ -20,7 +19,7 @@ from extproc.kvevents.manager import KVEventsManager
 from extproc.kvevents.wire import Stored
 from extproc.prefix.index import PrefixIndex
 from extproc.scraping.scraper import MetricsScraper
-from testkit.procs import free_port
+from testkit.procs import free_port, until
 from testkit.vllm_text import exposition
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -66,13 +65,6 @@ async def scraping(cfg: EppConfig, port: int, index: PrefixIndex | None = None) 
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-
-async def until(cond: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.01)
 
 
 def scraped_ok(scraper: MetricsScraper) -> bool:

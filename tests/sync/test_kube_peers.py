@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import pytest
 from extproc.config.settings import DiscoveryConfig, EppConfig, SyncConfig
 from extproc.sync.kube_peers import PeerPods, parse_selector
 from testkit.kube import PODS, KubeApi, pod, ready_condition
+from testkit.sync import until
 
 OURS = {"app.kubernetes.io/name": "prefix-epp", "app.kubernetes.io/instance": "x"}
 
@@ -21,14 +22,6 @@ def api() -> Iterator[KubeApi]:
     with KubeApi() as a:
         a.start()
         yield a
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def test_peers_follow_ready_pods_of_our_deployment(api: KubeApi, tmp_path: Path,
