@@ -1,18 +1,35 @@
-"""OpenAI-style request parsing: API from `:path`, model, cache salt and the prompt as segments.
+"""Request parsing: API from `:path`, model, cache salt and the prompt as segments, per shape.
 
-A *segment* is one unit of the prompt whose serialisation never depends on what follows it:
-the prompt string of `/v1/completions`; each message of `/v1/chat/completions`; the instructions,
-the tools and each input item of `/v1/responses`. The prefix hasher (extproc/prefix/hashing.py)
-aligns blocks to segment starts, so a later chat turn, whose messages extend the earlier turn's,
-produces exactly the earlier turn's block hashes followed by new ones.
+Shapes (`api_from_path`, by the path's suffix; a query string is ignored):
+- `/v1/completions`: the prompt string is one segment;
+- `/v1/chat/completions`: the leading system (or developer) message, then the tools, then each
+  further message, one segment each, the order in which chat templates render them;
+- `/v1/messages` (Anthropic Messages): converted into the chat request vLLM renders
+  (extproc/request/messages.py), then segmented as chat, so it shares its prefix with the same
+  conversation sent as chat;
+- `/v1/responses`: `instructions` (as the system message), the tools, then each input item;
+  `previous_response_id` becomes `previous_response_id`, an affinity hint toward the endpoint that
+  served that response (extproc/control/affinity.py);
+- `/v1/embeddings`: the input, one segment;
+- any other path (`/v1/messages/count_tokens`, render endpoints, audio, ...): no segments, so the
+  request is routed by load alone; the body need not be JSON and no field is required.
+
+A *segment* is one unit of the prompt whose serialisation never depends on what follows it. The
+prefix hasher (extproc/prefix/hashing.py) aligns blocks to segment starts, so a later turn, whose
+messages extend the earlier turn's, produces exactly the earlier turn's block hashes followed by
+new ones.
 
 `prompt_cache_key` (a string; "" means none) becomes `affinity_key`, an affinity hint
-(extproc/control/affinity.py); any other type is a 400.
+(extproc/control/affinity.py); any other type is a 400, as is a non-string `previous_response_id`.
 
-Message framing: `<role>\\x1f<text>` where text is the string content, or the text parts of a
-structured content list joined with `\\n` (non-text parts contribute their URL or a type marker, so
-two prompts that differ only in an image still differ). Tools and `name`/`tool_calls` fields are
-serialised canonically (sorted keys) so JSON key order and whitespace never change the hashes.
+Message framing: `<role>\\x1f<text>` where text is the string content, or the parts of a
+structured content list joined with `\\n`: text parts by their text, media parts by their content
+(extproc/request/media.py: equal image bytes give equal markers, whatever the shape; bounded work
+for huge data URLs). Other fields (`name`, `tool_calls`, ...) are serialised canonically (sorted
+keys) so JSON key order and whitespace never change the hashes; a Responses item's
+`"type": "message"` is left out, so an input message frames like the same chat message. Tools are
+framed in one canonical form (`name`, `description`, `parameters`) whether they come in chat's
+`{"function": {...}}` form, the Responses API's flat form or Anthropic's `input_schema` form.
 """
 
 from __future__ import annotations
@@ -24,12 +41,15 @@ from typing import Any
 import orjson
 
 from extproc.core.errors import EppError, ErrorCode
+from extproc.request.media import part_identity
+from extproc.request.messages import to_chat
 
 
 class Api(enum.Enum):
     COMPLETIONS = "completions"
     CHAT = "chat"
     RESPONSES = "responses"
+    MESSAGES = "messages"
     EMBEDDINGS = "embeddings"
     OTHER = "other"
 
@@ -38,12 +58,13 @@ _API_BY_SUFFIX: tuple[tuple[str, Api], ...] = (
     ("/chat/completions", Api.CHAT),
     ("/completions", Api.COMPLETIONS),
     ("/responses", Api.RESPONSES),
+    ("/v1/messages", Api.MESSAGES),
     ("/embeddings", Api.EMBEDDINGS),
 )
 
 
 def api_from_path(path: str) -> Api:
-    """Choose the API from the request path (query string ignored); unknown -> completions-like."""
+    """Choose the API from the request path (query string ignored); unknown -> Api.OTHER."""
     path = path.split("?", 1)[0].rstrip("/")
     for suffix, api in _API_BY_SUFFIX:
         if path.endswith(suffix):
@@ -60,7 +81,12 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     affinity_key: str = ""  # prompt_cache_key: only ever hashed, never logged
+    previous_response_id: str = ""  # /v1/responses: only ever hashed, never logged
     body: dict[str, Any] = field(default_factory=dict)
+    # Chat and Messages: (the chat messages the engine renders, add_generation_prompt) and the
+    # tools in chat form, for the tokenizers (extproc/tokenization/local.py).
+    chat: tuple[list[Any], bool] | None = None
+    tools: list[Any] | None = None
 
 
 _CANON = orjson.OPT_SORT_KEYS
@@ -84,13 +110,10 @@ def _content_text(content: Any) -> bytes:
             if isinstance(part, str):
                 parts.append(part.encode())
             elif isinstance(part, dict):
-                kind = part.get("type", "")
                 if isinstance(part.get("text"), str):
                     parts.append(part["text"].encode())
-                else:
-                    # Images/audio: the URL (or data URI) identifies the content; fall back to the whole part.
-                    ref = part.get(kind) if isinstance(kind, str) else None
-                    parts.append(b"\x1d" + _canon(ref if ref is not None else part))
+                else:  # images, audio: by their content (extproc/request/media.py)
+                    parts.append(part_identity(part))
             else:
                 parts.append(_canon(part))
         return b"\n".join(parts)
@@ -103,6 +126,8 @@ def _message_segment(message: Any) -> bytes:
     role = message.get("role", "")
     seg = f"{role}\x1f".encode() + _content_text(message.get("content"))
     extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+    if extra.get("type") == "message":  # a Responses input item frames like the chat message
+        del extra["type"]
     if extra:
         seg += b"\x1f" + _canon(extra)
     return seg
@@ -123,26 +148,45 @@ def _completion_segments(body: dict[str, Any]) -> list[bytes]:
     raise EppError(ErrorCode.BAD_REQUEST, "'prompt' must be a string or a list")
 
 
-def _chat_segments(body: dict[str, Any]) -> list[bytes]:
-    messages = body.get("messages")
+def _tool(tool: Any) -> Any:
+    """One canonical form of a function tool: chat's `{"type": "function", "function": {...}}`,
+    the Responses API's flat `{"type": "function", "name", ...}`; other tools as they are."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    inner = tool.get("function")
+    fn: dict[str, Any] = inner if isinstance(inner, dict) else tool
+    return {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
+
+
+def _tools_segment(tools: Any) -> list[bytes]:
+    if not tools:
+        return []
+    if not isinstance(tools, list):
+        raise EppError(ErrorCode.BAD_REQUEST, "'tools' must be a list")
+    return [b"tools\x1f" + _canon([_tool(t) for t in tools])]
+
+
+def _leads(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") in ("system", "developer")
+
+
+def _chat_segments(messages: Any, tools: Any) -> list[bytes]:
+    """System message, tools, then the turns: the order chat templates render them in."""
     if not isinstance(messages, list) or not messages:
         raise EppError(ErrorCode.BAD_REQUEST, "'messages' must be a non-empty list")
-    segments: list[bytes] = []
-    tools = body.get("tools")
-    if tools:
-        segments.append(b"tools\x1f" + _canon(tools))
-    segments.extend(_message_segment(m) for m in messages)
+    lead = 1 if _leads(messages[0]) else 0
+    segments = [_message_segment(m) for m in messages[:lead]]
+    segments.extend(_tools_segment(tools))
+    segments.extend(_message_segment(m) for m in messages[lead:])
     return segments
 
 
 def _responses_segments(body: dict[str, Any]) -> list[bytes]:
     segments: list[bytes] = []
     instructions = body.get("instructions")
-    if instructions:
-        segments.append(b"instructions\x1f" + _content_text(instructions))
-    tools = body.get("tools")
-    if tools:
-        segments.append(b"tools\x1f" + _canon(tools))
+    if instructions:  # the engine renders them as the leading system message
+        segments.append(b"system\x1f" + _content_text(instructions))
+    segments.extend(_tools_segment(body.get("tools")))
     items = body.get("input")
     if isinstance(items, str):
         segments.append(b"user\x1f" + items.encode())
@@ -154,8 +198,30 @@ def _responses_segments(body: dict[str, Any]) -> list[bytes]:
     return segments
 
 
+def _string_field(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise EppError(ErrorCode.BAD_REQUEST, f"'{name}' must be a string")
+    return value or ""
+
+
+def _load_only(api: Api, raw: bytes) -> ParsedRequest:
+    """A path the picker does not know: routed by load; the model is read when there is one."""
+    try:
+        body = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        body = None
+    model = body.get("model") if isinstance(body, dict) else None
+    return ParsedRequest(api=api, model=model if isinstance(model, str) else "", segments=[],
+                         body=body if isinstance(body, dict) else {})
+
+
 def parse_request(api: Api, raw: bytes) -> ParsedRequest:
-    """Parse a request body; raises EppError(BAD_REQUEST) with a readable message when it is invalid."""
+    """Parse a request body; raises EppError(BAD_REQUEST) with a readable message when it is invalid.
+
+    Api.OTHER never raises: such a request is routed by load alone."""
+    if api is Api.OTHER:
+        return _load_only(api, raw)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -165,22 +231,23 @@ def parse_request(api: Api, raw: bytes) -> ParsedRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise EppError(ErrorCode.BAD_REQUEST, "model not found in request body")
+    chat: tuple[list[Any], bool] | None = None
+    tools = None
     if api is Api.CHAT:
-        segments = _chat_segments(body)
+        tools = body.get("tools")
+        segments = _chat_segments(body.get("messages"), tools)
+        chat = body["messages"], bool(body.get("add_generation_prompt", True))
+    elif api is Api.MESSAGES:
+        messages, tools = to_chat(body)
+        segments = _chat_segments(messages, tools)
+        chat = messages, True
     elif api is Api.RESPONSES:
         segments = _responses_segments(body)
     elif api is Api.EMBEDDINGS:
         segments = [_canon(body.get("input"))]
-    elif api is Api.COMPLETIONS or "prompt" in body:
-        segments = _completion_segments(body)
-    elif "messages" in body:
-        segments = _chat_segments(body)
     else:
-        segments = []
+        segments = _completion_segments(body)
     salt = body.get("cache_salt")
-    cache_key = body.get("prompt_cache_key")
-    if cache_key is not None and not isinstance(cache_key, str):
-        raise EppError(ErrorCode.BAD_REQUEST, "'prompt_cache_key' must be a string")
     stream_options = body.get("stream_options")
     return ParsedRequest(
         api=api,
@@ -189,6 +256,9 @@ def parse_request(api: Api, raw: bytes) -> ParsedRequest:
         cache_salt=salt if isinstance(salt, str) else "",
         stream=bool(body.get("stream", False)),
         include_usage=isinstance(stream_options, dict) and bool(stream_options.get("include_usage")),
-        affinity_key=cache_key or "",
+        affinity_key=_string_field(body, "prompt_cache_key"),
+        previous_response_id=_string_field(body, "previous_response_id") if api is Api.RESPONSES else "",
         body=body,
+        chat=chat,
+        tools=tools if isinstance(tools, list) and tools else None,
     )

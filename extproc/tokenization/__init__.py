@@ -20,8 +20,9 @@ encoded, prefix truncation), `chunking` (the builtin tokenizer in cached chunks,
   scheduling (`Director.prepare`), the event loop keeps running meanwhile.
 
 What is tokenized: a completions `prompt` (a string, a list of token ids, or a one-element list of
-either) and chat `messages` (with `add_generation_prompt`, default true). Anything else, a batch of
-prompts, or a tokenizer error gives None: the request is then scored by the approximate index.
+either), chat `messages` (with `add_generation_prompt`, default true, and `tools`) and `/v1/messages`
+as the chat request vLLM converts it to. Anything else, a batch of prompts, or a tokenizer error
+gives None: the request is then scored by the approximate index.
 
 Off the event loop (`encode_async`, what the director awaits in precise mode): the builtin
 tokenizer encodes in chunks of about `CHUNK_CHARS` (2048) characters cut at a space that starts a

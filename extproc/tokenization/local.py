@@ -1,8 +1,10 @@
 """What of a request is tokenized, and the prefix truncation every local tokenizer shares.
 
-A completions `prompt` (a string, a list of token ids, or a one-element list of either) and chat
-`messages` (with `add_generation_prompt`, default true) are tokenized; anything else, a batch of
-prompts, or a tokenizer error gives None (the approximate index then scores the request).
+A completions `prompt` (a string, a list of token ids, or a one-element list of either), chat
+`messages` (with `add_generation_prompt`, default true, and the request's `tools`, which a model's
+own template renders) and a `/v1/messages` request as the chat request the engine converts it to
+(extproc/request/messages.py) are tokenized; anything else, a batch of prompts, or a tokenizer
+error gives None (the approximate index then scores the request).
 
 Only the first `max_tokens` tokens matter: `LocalTokenizer` encodes a prefix of a longer text,
 first `max_tokens * 6` characters, then `max_tokens * 16`, and keeps the first `max_tokens` ids once
@@ -29,16 +31,12 @@ def is_token_list(value: Any) -> bool:
 
 
 def chat_input(parsed: ParsedRequest) -> tuple[list[Any], bool] | None:
-    if parsed.api not in (Api.CHAT, Api.OTHER):
-        return None
-    messages = parsed.body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return None
-    return messages, bool(parsed.body.get("add_generation_prompt", True))
+    """(messages, add_generation_prompt) of a chat or Messages request (ParsedRequest.chat)."""
+    return parsed.chat
 
 
 def completion_input(parsed: ParsedRequest) -> str | list[int] | None:
-    if parsed.api not in (Api.COMPLETIONS, Api.OTHER):
+    if parsed.api is not Api.COMPLETIONS:
         return None
     prompt = parsed.body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -59,8 +57,9 @@ class LocalTokenizer:
     def encode_text(self, text: str, chat: bool) -> list[int]:
         raise NotImplementedError
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
-        return render_chat(messages, add_generation_prompt)
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+               tools: Sequence[Any] | None = None) -> str:
+        return render_chat(messages, add_generation_prompt)  # the builtin template renders no tools
 
     def encode(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
         """Token ids of the prompt (its first `max_tokens` when > 0), None when not tokenizable."""
@@ -78,7 +77,7 @@ class LocalTokenizer:
         try:
             chat = chat_input(parsed)
             if chat is not None:
-                return self.render(*chat), True
+                return self.render(*chat, parsed.tools), True
             prompt = completion_input(parsed)
         except (ValueError, TypeError) as exc:
             log.debug("tokenization failed", extra={"error": type(exc).__name__})

@@ -1,5 +1,6 @@
 """The model server's POST /tokenize (vLLM: `{"model", "prompt"}` or `{"model", "messages",
-"add_generation_prompt"}` -> `{"tokens"}`), asked of the datastore's endpoints in turn, with a timeout
+"add_generation_prompt", "tools"}` -> `{"tokens"}`; a `/v1/messages` request as the chat request
+vLLM converts it to), asked of the datastore's endpoints in turn, with a timeout
 of `--tokenizer-timeout`; any failure gives None (the approximate index scores the request).
 """
 
@@ -36,6 +37,8 @@ class RemoteTokenizer:
         payload: dict[str, Any]
         if chat is not None:
             payload = {"model": parsed.model, "messages": chat[0], "add_generation_prompt": chat[1]}
+            if parsed.tools:
+                payload["tools"] = parsed.tools
         else:
             prompt = completion_input(parsed)
             if not isinstance(prompt, str):

@@ -110,11 +110,14 @@ class HFTokenizer(LocalTokenizer):
     def has_model_template(self) -> bool:
         return self._template is not None
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+               tools: Sequence[Any] | None = None) -> str:
         if self._template is None:
             return render_chat(messages, add_generation_prompt)
+        # As vLLM renders: `tools` only when the request has some (templates test `if tools`).
+        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
         text: str = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                          **self._specials)
+                                          **self._specials, **extra)
         return text
 
     @property

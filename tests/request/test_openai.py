@@ -78,9 +78,43 @@ def test_tools_come_first_and_stream_flags() -> None:
     assert p.stream and p.include_usage and p.cache_salt == "tenant-1"
 
 
+def test_system_then_tools_then_turns_in_every_shape() -> None:
+    """The engine's prompt order; one canonical tool form, so the shapes share their prefix."""
+    params = {"type": "object", "properties": {"q": {"type": "string"}}}
+    chat = parse_request(Api.CHAT, orjson.dumps({"model": "m", "messages": [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+        "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": params}}]}))
+    responses = parse_request(Api.RESPONSES, orjson.dumps({"model": "m", "instructions": "S", "input": [
+        {"type": "message", "role": "user", "content": "U"}],
+        "tools": [{"type": "function", "name": "f", "description": "d", "parameters": params}]}))
+    messages = parse_request(Api.MESSAGES, orjson.dumps({"model": "m", "system": "S", "max_tokens": 5,
+        "messages": [{"role": "user", "content": "U"}],
+        "tools": [{"name": "f", "description": "d", "input_schema": params}]}))
+    assert chat.segments[0] == b"system\x1fS" and chat.segments[1].startswith(b"tools\x1f")
+    assert chat.segments == responses.segments == messages.segments
+
+
+def test_unknown_paths_are_load_only_and_never_refused() -> None:
+    for raw in (b'{"model": "m", "prompt": "hi"}', b"not json at all", b"", b'{"no": "model"}'):
+        p = parse_request(Api.OTHER, raw)
+        assert p.segments == [] and p.api is Api.OTHER
+    assert parse_request(Api.OTHER, b'{"model": "m"}').model == "m"
+    assert api_from_path("/v1/messages/count_tokens") is Api.OTHER
+    assert api_from_path("/v1/chat/completions/render") is Api.OTHER
+    assert api_from_path("/v1/messages") is Api.MESSAGES
+
+
+def test_previous_response_id_is_read_and_checked() -> None:
+    p = parse_request(Api.RESPONSES, b'{"model": "m", "input": "x", "previous_response_id": "resp_1"}')
+    assert p.previous_response_id == "resp_1"
+    with pytest.raises(EppError) as info:
+        parse_request(Api.RESPONSES, b'{"model": "m", "input": "x", "previous_response_id": 7}')
+    assert "'previous_response_id' must be a string" in info.value.message
+
+
 def test_responses_api() -> None:
     p = parse_request(Api.RESPONSES, orjson.dumps({"model": "m", "instructions": "be brief", "input": "hello"}))
-    assert p.segments == [b"instructions\x1fbe brief", b"user\x1fhello"]
+    assert p.segments == [b"system\x1fbe brief", b"user\x1fhello"]  # instructions: the system message
     items = parse_request(Api.RESPONSES, orjson.dumps({"model": "m", "input": [{"role": "user", "content": "a"}]}))
     assert items.segments == [b"user\x1fa"]
 
