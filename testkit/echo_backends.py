@@ -3,7 +3,9 @@
 Each answers every request with JSON naming itself (`served_by`), the method, path, body length,
 body sha256 and the request headers it received, plus the `x-served-by` header. GET /health is 200.
 A JSON body with `"stream": true` gets a server-sent-events answer instead: five `data:` chunks
-50 ms apart, then `data: [DONE]`, so tests can see chunks arrive before the stream ends.
+50 ms apart, then `data: [DONE]`, so tests can see chunks arrive before the stream ends. A
+`/v1/responses` answer names itself as vLLM's does: the JSON opens with `"id": "resp_<uuid>"`, a
+stream's first event is `response.created` with that id (its `previous_response_id` is echoed).
 An optional `--delay S` holds each response, so concurrent requests overlap; `--trivial` answers
 a fixed tiny JSON without reading headers or hashing (for overhead benchmarks); a `--trivial`
 backend streams when the body's first or last 256 bytes say `"stream": true`: `max_tokens` (from the same
@@ -16,8 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
 import re
 import signal
+import uuid
 
 from aiohttp import web
 
@@ -58,16 +62,21 @@ def make_app(name: str, delay: float, trivial: bool = False) -> web.Application:
             await asyncio.sleep(delay)
         if request.path == "/health":
             return web.Response(text="ok", headers={"x-served-by": name})
+        response_id = f"resp_{uuid.uuid4().hex}" if request.path.endswith("/responses") else ""
         if b'"stream":true' in body.replace(b" ", b""):
             resp = web.StreamResponse(headers={"content-type": "text/event-stream", "x-served-by": name})
             await resp.prepare(request)
+            if response_id:
+                created = {"type": "response.created", "sequence_number": 0, "response": {"id": response_id}}
+                await resp.write(f"event: response.created\ndata: {json.dumps(created)}\n\n".encode())
             for i in range(5):
                 await resp.write(f'data: {{"chunk": {i}, "served_by": "{name}"}}\n\n'.encode())
                 await asyncio.sleep(0.05)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
-        payload = {
+        payload: dict[str, object] = {"id": response_id} if response_id else {}
+        payload |= {
             "served_by": name,
             "method": request.method,
             "path": request.path_qs,

@@ -20,8 +20,9 @@ In precise mode the processor awaits `prepare(ctx, body)` once the body is compl
 thread, extproc/tokenization/; the remote one over HTTP), so a 7,200-token prompt never stalls other
 streams. `route` tokenizes in line only when `prepare` was not called (in-process callers). `track_usage(ctx, decision)`
 starts the closed loop for the response (extproc/control/usage.py) when `feedback` is set and the
-usage sampler (`--usage-sample-rate`) picks the request; only then does the processor ask the proxy
-for the response body.
+usage sampler (`--usage-sample-rate`) picks the request; `watch_response` adds, for `/v1/responses`,
+the response id that the next turn's `previous_response_id` names (extproc/control/response_ids.py).
+Only for these does the processor ask the proxy for the response body.
 
 Bodiless requests (GET /v1/models) skip 1, 4 and 5: a random candidate is chosen.
 """
@@ -35,12 +36,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from extproc.config.settings import EppConfig
-from extproc.control.affinity import affinity_hint
+from extproc.control.affinity import affinity_hint, response_key
+from extproc.control.response_ids import ResponseWatch
 from extproc.control.usage import Prediction, Report, UsageSampler, UsageTracker, matched_bytes
 from extproc.core.datastore import Datastore, Endpoint, split_host_port
 from extproc.core.errors import EppError, ErrorCode
-from extproc.prefix.hashing import block_hashes
-from extproc.request.openai import ParsedRequest, api_from_path, parse_request
+from extproc.prefix.hashing import affinity_hash, block_hashes
+from extproc.request.openai import Api, ParsedRequest, api_from_path, parse_request
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.scheduler import Decision, Scheduler
 from extproc.tokenization.factory import Tokenizer
@@ -151,7 +153,8 @@ class Director:
             prompt_bytes=sum(map(len, parsed.segments)),
         )
         request.affinity_hash, ctx.affinity_source = affinity_hint(
-            self.config.affinity, parsed.model, parsed.cache_salt, parsed.affinity_key, ctx.session)
+            self.config.affinity, parsed.model, parsed.cache_salt, parsed.affinity_key, ctx.session,
+            parsed.previous_response_id)
         if self.precise is not None:
             request.token_keys = self._token_keys(ctx, parsed)
             tokens = len(ctx.tokens or ())
@@ -220,6 +223,28 @@ class Director:
         if not tokens:
             return None
         return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)
+
+    def learns_response_id(self, ctx: RequestContext) -> bool:
+        """True for a `/v1/responses` request while affinity hints are on: its response's id is read
+        (extproc/control/response_ids.py), so the proxy must send the response body."""
+        return (self.config.affinity.enabled and self.scheduler.index is not None
+                and api_from_path(ctx.path) is Api.RESPONSES)
+
+    def watch_response(self, ctx: RequestContext, decision: Decision, *, sampled: bool | None = None,
+                       ) -> ResponseWatch | None:
+        """What to read of this response: the usage sample (`track_usage`) and, for `/v1/responses`,
+        its id, which is recorded on the endpoint that served it; None when nothing is read."""
+        usage = self.track_usage(ctx, decision, sampled=sampled)
+        learn = None
+        if ctx.parsed is not None and self.learns_response_id(ctx):
+            model, salt, index = ctx.parsed.model, ctx.parsed.cache_salt, self.scheduler.index
+            assert index is not None
+
+            def learn(endpoint: str, response_id: str) -> None:
+                index.record(endpoint, (affinity_hash(model, salt, response_key(response_id)),))
+        if usage is None and learn is None:
+            return None
+        return ResponseWatch(decision.primary.key, usage, learn)
 
     def track_usage(self, ctx: RequestContext, decision: Decision, *, sampled: bool | None = None,
                     ) -> UsageTracker | None:

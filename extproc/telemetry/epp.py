@@ -12,8 +12,10 @@ the engines' own metrics keep their value, any other client-chosen name is count
 `target_model_name` equals `model_name`: the picker never rewrites the model (it is kept for the Go
 EPP's dashboards).
 | prefix_epp_requests_total | counter | outcome (routed, error), status (HTTP status) |
-| prefix_epp_affinity_requests_total | counter | source (prompt_cache_key, session_header), hit (true: the |
-| | | chosen endpoint had recorded the request's affinity key; false) -- never the key itself |
+| prefix_epp_request_shapes_total | counter | api (completions, chat, messages, responses, embeddings, other: |
+| | | an unknown path, routed by load alone; bodiless) -- routed requests by request shape |
+| prefix_epp_affinity_requests_total | counter | source (previous_response_id, prompt_cache_key, session_header), |
+| | | hit (true: the chosen endpoint had recorded the request's affinity key; false) -- never the key |
 | prefix_epp_extproc_messages_total | counter | kind (request_headers, request_body, ..., response_trailers) |
 | inference_extension_scheduler_e2e_duration_seconds | histogram | - (decision latency: body complete -> decision) |
 | inference_extension_prefix_indexer_hit_ratio | histogram | - (matched / total blocks of the chosen endpoint) |
@@ -54,6 +56,7 @@ from extproc.config.settings import EppConfig
 from extproc.control.affinity import SOURCES
 from extproc.core.datastore import Datastore
 from extproc.prefix.index import PrefixIndex
+from extproc.request.openai import Api
 from extproc.scheduling.load import usable_metrics
 from extproc.telemetry.labels import ModelLabels
 
@@ -62,6 +65,7 @@ RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 MESSAGE_KINDS = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
                  "response_trailers")
 ERROR_TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+SHAPES = (*(api.value for api in Api), "bodiless")  # prefix_epp_request_shapes_total{api}: a bounded label
 
 
 _STALENESS_S = EppConfig().metrics_staleness_threshold_s
@@ -139,6 +143,9 @@ class EppMetrics:
             ["model_name", "target_model_name", "error_code"], registry=r)
         self._requests = Counter("prefix_epp_requests", "Requests by outcome and HTTP status",
                                  ["outcome", "status"], registry=r)
+        shapes = Counter("prefix_epp_request_shapes", "Routed requests by request shape (API); other: an "
+                         "unknown path, routed by load alone", ["api"], registry=r)
+        self._shapes = {api: shapes.labels(api) for api in SHAPES}
         self._decision = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds", "Decision latency of the picker",
             buckets=DECISION_BUCKETS, registry=r)
@@ -194,10 +201,14 @@ class EppMetrics:
         if child is not None:
             child.inc()
 
-    def routed(self, model: str, target_model: str) -> None:
+    def routed(self, model: str, target_model: str, api: str = "") -> None:
+        """One routed request; `api` is its shape (one of SHAPES; anything else is not counted)."""
         model, target_model = self.models.label(model), self.models.label(target_model)
         self._child(self._objective_requests, (model, target_model)).inc()
         self._child(self._requests, ("routed", "200")).inc()
+        shape = self._shapes.get(api)
+        if shape is not None:
+            shape.inc()
 
     def affinity(self, source: str, hit: bool) -> None:
         """One routed request with an affinity hint from `source` (one of affinity.SOURCES)."""

@@ -30,12 +30,13 @@ ones routed there) sets response trailers SEND, so Envoy keeps the ext_proc stre
 response is complete even where the gateway statically skips trailers (Envoy Gateway); response
 headers SEND only with --explain-decisions or fallbacks (--max-endpoints > 1); the response body
 in STREAMED mode only for the requests the usage sampler picks (the closed loop,
-extproc/control/usage.py). Completion (in-flight release) is the response's end: a response body's
-end_of_stream, the response trailers, or else the end of the gRPC stream. Envoy ignores
-`mode_override` in any other reply and whenever its static request or response body mode is
-FULL_DUPLEX_STREAMED (ext_proc.cc, onReceiveMessage); then the static mode rules: with
+extproc/control/usage.py) and for `/v1/responses` (its id: extproc/control/response_ids.py).
+Completion (in-flight release) is the response's end: a response body's end_of_stream, the
+response trailers, or else the end of the gRPC stream. Envoy ignores `mode_override` in any
+other reply and whenever its static request or response body mode is FULL_DUPLEX_STREAMED
+(ext_proc.cc, onReceiveMessage); then the static mode rules: with
 FULL_DUPLEX_STREAMED response bodies (the reference configuration) every chunk is echoed back and
-only sampled requests feed the usage parser.
+only sampled requests feed the usage parser (and `/v1/responses` the id reader).
 
 With an asynchronous tokenizer (precise mode) the complete body is first handed to
 `Director.prepare`, awaited, before routing, so tokenization never runs on the event loop.
@@ -78,7 +79,7 @@ from extproc.transport.control_headers import read_control_headers
 from extproc.transport.lb_metadata import served_endpoint, subset_hint
 
 if TYPE_CHECKING:
-    from extproc.control.usage import UsageTracker
+    from extproc.control.response_ids import ResponseWatch
     from extproc.scheduling.scheduler import Decision
 
 log = logging.getLogger("prefix_epp.extproc")
@@ -112,7 +113,7 @@ class StreamProcessor:
         self.decision: Decision | None = None
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _NONE
-        self._usage: UsageTracker | None = None
+        self._usage: ResponseWatch | None = None
         self._sampled: bool | None = None  # asked of the usage sampler at request headers, or not yet
         self._session_header = header_to_read(cfg.affinity)  # "": no header name is empty
         self._test_selection = cfg.test_endpoint_selection
@@ -223,7 +224,8 @@ class StreamProcessor:
             self._sampled = self._director.usage_sampler.take()
             # Response headers only when read: to explain, or to learn which of several endpoints served.
             headers = self._explain or self._director.config.max_endpoints > 1
-            R.override_response_mode(resp, self._request_mode, headers=headers, body=self._sampled)
+            body = self._sampled or self._director.learns_response_id(ctx)  # usage sample, response id
+            R.override_response_mode(resp, self._request_mode, headers=headers, body=body)
         return [resp]
 
     def _refuse_mode(self) -> pb.ProcessingResponse:
@@ -279,12 +281,13 @@ class StreamProcessor:
         self._metrics.observe_decision(time.perf_counter() - start)
         self.decision = decision
         self._endpoint = decision.primary
-        if self._sampled or self._response_mode == _FULL_DUPLEX:  # else no response body will come
-            self._usage = self._director.track_usage(ctx, decision, sampled=self._sampled)
+        if self._sampled or self._response_mode == _FULL_DUPLEX or self._director.learns_response_id(ctx):
+            self._usage = self._director.watch_response(ctx, decision, sampled=self._sampled)  # else no body comes
         if decision.total_blocks:
             self._metrics.observe_hit_ratio(decision.matched_blocks / decision.total_blocks)
+        api = ctx.parsed.api.value if ctx.parsed is not None else ""
         self._forget_body()
-        self._metrics.routed(self._model, self._model)
+        self._metrics.routed(self._model, self._model, api)
         if decision.affinity_hit is not None:
             self._metrics.affinity(ctx.affinity_source, decision.affinity_hit)
         new_id = self._new_request_id
@@ -312,7 +315,7 @@ class StreamProcessor:
         except EppError as err:
             return self._error(err)
         self._endpoint = ep
-        self._metrics.routed("", "")
+        self._metrics.routed("", "", "bodiless")
         return R.routed_headers(ep.key, None, self._new_request_id, buffered=False)
 
     def _error(self, err: EppError) -> pb.ProcessingResponse:
@@ -347,6 +350,8 @@ class StreamProcessor:
             served = served_endpoint(msg, headers)
             if served:  # a fallback may have served it: move the accounting there
                 self._endpoint = self._director.served_by(decision, ep, served)
+                if self._usage is not None:
+                    self._usage.endpoint = self._endpoint.key  # a response id is recorded there
         extra: tuple[tuple[str, str], ...] = ()
         if self._explain and self.decision is not None:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
