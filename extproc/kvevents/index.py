@@ -13,7 +13,9 @@ Dual-key structure (llm-d's design, in our own key space, see extproc/kvevents/k
 Events (`apply`): `BlockStored` re-hashes `token_ids` from the key its parent maps to (the chain
 root for a sequence's first block); a parent unknown on that source (stored before we listened,
 or already dropped) makes the event an *orphan*: counted, not indexed. `BlockRemoved` unmaps the
-engine hashes. `AllBlocksCleared` empties the source.
+engine hashes. `AllBlocksCleared` empties the source. KV groups (extproc/kvevents/wire.py): only
+full-attention groups' stores are indexable; a source indexes the first such group it sees
+(`group_idx`) and applies removals of that group only (or of no group, from older publishers).
 
 Matching (`match`): for each candidate endpoint, the longest run of leading keys held by any one
 of its slots (max over ranks and the speculative slot). The walk ANDs bitmasks and stops at the
@@ -50,12 +52,13 @@ class _Slot:
 
 
 class _Confirmed(_Slot):
-    __slots__ = ("engine", "entries")
+    __slots__ = ("engine", "entries", "group")
 
     def __init__(self, bit: int, endpoint: str) -> None:
         super().__init__(bit, endpoint)
         self.entries: dict[int, int] = {}  # our key -> engine hash, LRU order
         self.engine: dict[int, int] = {}  # engine hash -> our key
+        self.group: int | None = None  # the full-attention KV group indexed (the first one stored)
 
 
 class _Speculative(_Slot):
@@ -136,7 +139,7 @@ class PreciseIndex:
         if isinstance(event, Stored):
             return self._stored(source, event)
         if isinstance(event, Removed):
-            return self._removed(source, event) if event.indexable else 0
+            return self._removed(source, event) if event.indexable else 0  # GPU tier only
         if isinstance(event, Cleared):
             self.cleared += 1
             self.clear_source(source)
@@ -147,6 +150,11 @@ class PreciseIndex:
             self.skipped += len(ev.block_hashes)
             return 0
         slot = self._confirmed_slot(source)
+        if ev.group is not None and ev.group != slot.group:
+            if slot.group is not None:  # a second full-attention group repeats the first's blocks
+                self.skipped += len(ev.block_hashes)
+                return 0
+            slot.group = ev.group
         if ev.parent is None:
             parent = key_seed(ev.lora_name)
         else:
@@ -183,8 +191,8 @@ class PreciseIndex:
 
     def _removed(self, source: Source, ev: Removed) -> int:
         slot = self._confirmed.get(source)
-        if slot is None:
-            return 0
+        if slot is None or ev.group not in (None, slot.group if slot.group is not None else 0):
+            return 0  # another group's removal (a sliding window moving on) leaves ours resident
         spec = self._speculative.get(source[0])
         entries, engine = slot.entries, slot.engine
         n = 0

@@ -15,10 +15,19 @@ int64 from old publishers) or raw bytes. Both are normalised to an unsigned 64-b
 masked to 64 bits, bytes give their last 8 bytes big-endian (what vLLM's own int conversion
 keeps), so one engine's hashes compare equal whichever form it sends.
 
-A stored block is `indexable` only when our keys can reproduce it: no per-block `extra_keys`
-(multimodal hashes, `cache_salt`, prompt embeddings), attention group 0, and the GPU tier (medium
-None or "GPU"; CPU-offload tiers are ignored). Unknown event types are counted and skipped; a
-payload that is not an EventBatch raises `WireError` (the subscriber then resyncs).
+A stored block is `indexable` only when our keys can reproduce it and it is prefix residency: no
+per-block `extra_keys` (multimodal hashes, `cache_salt`, prompt embeddings), the GPU tier (medium
+None or "GPU"; CPU-offload tiers are ignored), and a full-attention KV group. A group's
+`kv_cache_spec_kind` says which it is: `full_attention`, `mla_attention` and
+`sink_full_attention` keep every token of the prefix (`FULL_ATTENTION_KINDS`); `sliding_window`,
+`sliding_window_mla`, `chunked_local_attention`, `mamba` and any other kind keep only a window or
+a state, so a hybrid model's (DeepSeek-V4, Kimi-K3, Gemma) blocks of those groups would claim a
+prefix the engine cannot reuse: they never count. An event without the kind (publishers before
+it) counts for group 0 (or no group) only. `Stored.group` / `Removed.group` carry `group_idx`: the
+precise index (extproc/kvevents/index.py) indexes one full-attention group per source and applies
+only that group's removals (a sliding window's removals leave the full group's blocks resident).
+Unknown event types are counted and skipped; a payload that is not an EventBatch raises
+`WireError` (the subscriber then resyncs).
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ import msgpack
 
 MASK64 = (1 << 64) - 1
 _STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                  "lora_name", "extra_keys", "group_idx")
+                  "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind")
+FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
 
@@ -46,12 +56,14 @@ class Stored:
     block_size: int
     lora_name: str | None = None
     indexable: bool = True
+    group: int | None = None  # group_idx (None: the publisher does not say)
 
 
 @dataclass(frozen=True, slots=True)
 class Removed:
     block_hashes: list[int]
     indexable: bool = True
+    group: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +106,22 @@ def _fields(event: Any, names: tuple[str, ...]) -> tuple[str, dict[str, Any]] | 
     return None
 
 
-def _gpu_group0(f: dict[str, Any]) -> bool:
+def _gpu(f: dict[str, Any]) -> bool:
     medium = f.get("medium")
+    return medium is None or (isinstance(medium, str) and medium.upper() == "GPU")
+
+
+def _group(f: dict[str, Any]) -> int | None:
     group = f.get("group_idx")
-    return (medium is None or (isinstance(medium, str) and medium.upper() == "GPU")) and group in (None, 0)
+    return group if type(group) is int else None
+
+
+def _full_attention(f: dict[str, Any]) -> bool:
+    """Prefix residency: a full-attention group, or group 0 when the publisher names no kind."""
+    kind = f.get("kv_cache_spec_kind")
+    if kind is None:
+        return f.get("group_idx") in (None, 0)
+    return isinstance(kind, str) and kind.lower() in FULL_ATTENTION_KINDS
 
 
 def decode_event(event: Any) -> Event | None:
@@ -121,12 +145,14 @@ def decode_event(event: Any) -> Event | None:
             token_ids=tokens,
             block_size=block_size,
             lora_name=lora if isinstance(lora, str) else None,
-            indexable=_gpu_group0(f) and (not extra or all(e is None for e in extra)),
+            indexable=_gpu(f) and _full_attention(f) and (not extra or all(e is None for e in extra)),
+            group=_group(f),
         )
     if kind == "BlockRemoved":
         parsed = _fields(event, _REMOVED_FIELDS)
         assert parsed is not None
-        return Removed(block_hashes=_hashes(parsed[1].get("block_hashes")), indexable=_gpu_group0(parsed[1]))
+        f = parsed[1]
+        return Removed(block_hashes=_hashes(f.get("block_hashes")), indexable=_gpu(f), group=_group(f))
     if kind == "AllBlocksCleared":
         return Cleared()
     return None

@@ -108,3 +108,25 @@ def test_decoded_batches_apply_and_evict_down_to_capacity() -> None:
         for ev in decode_batch(p).events:
             idx.apply(("10.0.0.9:8000", 0), ev)
     assert idx.stored == 200 * 64 and idx.held("10.0.0.9:8000") == 8192
+
+
+def test_a_hybrid_models_window_and_state_groups_never_claim_the_prefix() -> None:
+    """Group 0 sliding window, group 1 full attention, group 2 mamba (a DeepSeek-V4 / Kimi-K3-like
+    layout): only group 1's blocks count, and group 0's removals, as its window moves on, leave
+    them resident."""
+    idx = PreciseIndex(CAPACITY)
+    src = (A, 0)
+    for group in (0, 1, 2):  # the decoder marks only the full-attention group indexable
+        idx.apply(src, Stored([10 * group + i for i in range(6)], None, TOKENS, BS, None,
+                              indexable=group == 1, group=group))
+    assert idx.match(KEYS, [A], 0.0) == {A: 6}
+    assert idx.skipped == 12
+    idx.apply(src, Removed([0, 1, 2, 3, 4, 5], group=0))  # the window slid: the full group still holds them
+    idx.apply(src, Removed([20, 21], group=2))
+    assert idx.match(KEYS, [A], 0.0) == {A: 6}
+    idx.apply(src, Removed([14], group=1))  # the full group evicted block 4: the run stops there
+    assert idx.match(KEYS, [A], 0.0) == {A: 4}
+    # A second full-attention group repeats the first's hashes: not indexed twice, not removed by it.
+    idx.apply(src, Stored([30 + i for i in range(6)], None, TOKENS, BS, None, indexable=True, group=3))
+    idx.apply(src, Removed([30, 31], group=3))
+    assert idx.match(KEYS, [A], 0.0) == {A: 4}

@@ -63,3 +63,22 @@ def test_old_and_new_field_sets_and_unindexable_blocks() -> None:
 def test_undecodable_payloads_raise(payload: bytes) -> None:
     with pytest.raises(WireError):
         decode_batch(payload)
+
+
+def _stored(hashes: list[int], group: int | None, kind: str | None) -> list[object]:
+    """vLLM's array form: ..., lora_name, extra_keys, group_idx, kv_cache_spec_kind, sliding_window."""
+    return ["BlockStored", hashes, None, list(range(16)), 16, None, "GPU", None, None, group, kind, None]
+
+
+@pytest.mark.parametrize(("kind", "group", "indexable"), [
+    ("full_attention", 0, True), ("full_attention", 2, True), ("mla_attention", 0, True),
+    ("sink_full_attention", 1, True), ("sliding_window", 0, False), ("sliding_window_mla", 0, False),
+    ("mamba", 0, False), ("chunked_local_attention", 0, False), ("unknown", 0, False), ("new_kind", 0, False),
+    (None, 0, True), (None, None, True), (None, 1, False),
+])
+def test_only_full_attention_groups_are_prefix_residency(kind: str | None, group: int | None,
+                                                         indexable: bool) -> None:
+    (event,) = decode_batch(msgpack.packb([1.0, [_stored([5], group, kind)]])).events
+    assert isinstance(event, Stored) and event.indexable is indexable and event.group == group
+    (removed,) = decode_batch(msgpack.packb([1.0, [["BlockRemoved", [5], "GPU", group]]])).events
+    assert isinstance(removed, Removed) and removed.group == group and removed.indexable
