@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,8 @@ def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_m
               endpoints: tuple[str, ...] = (), max_endpoints: int = 1, epp_ports: tuple[int, ...] = (),
               health_interval: str = "", epp_requests_per_connection: int = 0,
               concurrency: int = 1, failure_mode_allow: bool = False,
-              strip_control_headers: bool = False) -> Iterator[tuple[Proc, int, int]]:
+              strip_control_headers: bool = False,
+              patch: Callable[[dict[str, Any]], None] | None = None) -> Iterator[tuple[Proc, int, int]]:
     """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections.
 
     `epp_ports`: more pickers in the ext_proc cluster (Envoy spreads streams over the healthy
@@ -40,7 +41,8 @@ def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_m
     `epp_requests_per_connection`: streams per connection to a picker (new connections spread
     over the workers of a `--workers` pod, as the kernel balances connections, not streams).
     `strip_control_headers` is off here, unlike envoy-config's default: the end-to-end tests drive
-    the picker with the conformance header test-epp-endpoint-selection.
+    the picker with the conformance header test-epp-endpoint-selection. `patch` edits the
+    configuration before Envoy starts (a gateway's behaviour: testkit/gateways.py).
     """
     listen, admin = free_ports(2)  # one call: two separate ones may return the same port
     cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
@@ -57,6 +59,8 @@ def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_m
     if health_interval:
         epp["health_checks"][0].update(interval=health_interval, no_traffic_interval=health_interval,
                                        timeout=health_interval)
+    if patch is not None:
+        patch(cfg)
     path = tmp / f"{name}.yaml"
     path.write_text(render(cfg))
     args = [envoy_binary(), "-c", str(path), "--concurrency", str(concurrency), "--log-level", "warning",

@@ -5,7 +5,8 @@
 - `stack(tmp, n_backends, *picker_flags, ...)`: the backends, a picker serving them
   (`testkit.picker`) and Envoy configured by `prefix-epp envoy-config` in front of it
   (`testkit.envoy.run_envoy`); yields a `Stack` whose `url` is Envoy's listener. Envoy's retry
-  policy walks as many endpoints as the picker's `--max-endpoints`.
+  policy walks as many endpoints as the picker's `--max-endpoints`. `gateway` makes Envoy behave
+  as that gateway does (testkit/gateways.py: body modes, trailers, served metadata, upstream).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testkit.envoy import run_envoy
+from testkit.gateways import Gateway
 from testkit.picker import Picker, picker_for
 from testkit.procs import free_ports, python_module, running, wait_for_port
 
@@ -47,7 +49,9 @@ def echo_backends(tmp: Path, n: int, delay: float = 0.0) -> Iterator[list[str]]:
 def stack(tmp: Path, n_backends: int = 3, *picker_args: str, secure: bool = False, delay: float = 0.0,
           envoy_endpoints: bool = False, dead_endpoints: tuple[str, ...] = (),
           request_body_mode: str = "BUFFERED", response_processing: str = "end",
-          failure_mode_allow: bool = False) -> Iterator[Stack]:
+          failure_mode_allow: bool = False, gateway: Gateway | None = None) -> Iterator[Stack]:
+    if gateway is not None:
+        request_body_mode, envoy_endpoints = gateway.request_body_mode, gateway.fallbacks
     with echo_backends(tmp, n_backends, delay) as backends:
         endpoints = [*dead_endpoints, *backends]
         picker = picker_for(tmp, endpoints, *picker_args, secure=secure)
@@ -57,7 +61,8 @@ def stack(tmp: Path, n_backends: int = 3, *picker_args: str, secure: bool = Fals
                            response_processing=response_processing,
                            endpoints=tuple(endpoints) if envoy_endpoints else (),
                            max_endpoints=_max_endpoints(picker_args),
-                           failure_mode_allow=failure_mode_allow) as (_, listen, admin):
+                           failure_mode_allow=failure_mode_allow,
+                           patch=gateway.patch if gateway is not None else None) as (_, listen, admin):
                 yield Stack(backends, picker, listen, admin)
         finally:
             picker.stop()
