@@ -287,7 +287,8 @@ FLAGS: tuple[Flag, ...] = (
          "KV-event bytes taken per second from one engine rank (2 s burst); beyond it messages are dropped "
          "and counted, and the endpoint is scored approximately", AT_LEAST_1),
     Flag("--tokenizer", "kv_events.tokenizer", TEXT, KV_EVENTS,
-         "builtin (the simulator's), remote (the engine's POST /tokenize) or a tokenizer.json path"),
+         "builtin (the simulator's), remote (the engine's POST /tokenize), render (vLLM's render endpoints: "
+         "the engine's own tokens for every shape) or a tokenizer.json path"),
     Flag("--tokenizer-timeout", "kv_events.tokenize_timeout_s", DURATION, KV_EVENTS,
          "timeout of a remote tokenization (then the approximate index scores the request)", POSITIVE),
     Flag("--sync-port", "sync.port", INT, REPLICAS,

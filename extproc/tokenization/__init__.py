@@ -18,6 +18,10 @@ encoded, prefix truncation), `chunking` (the builtin tokenizer in cached chunks,
   "messages", "add_generation_prompt"}` -> `{"tokens"}`), asked of the endpoints in turn, with a
   timeout of `--tokenizer-timeout` (100 ms). It is asynchronous: the director awaits it before
   scheduling (`Director.prepare`), the event loop keeps running meanwhile.
+- `render`: vLLM's render endpoints (`/v1/completions/render`, `/v1/chat/completions/render`,
+  `/v1/messages/render`, `/v1/responses/render`), sent the request body as the client sent it:
+  the tokens the engine itself would execute, for every shape, whatever its chat template or
+  conversion rules; asynchronous like `remote`, with the same timeout and fallback.
 
 What is tokenized: a completions `prompt` (a string, a list of token ids, or a one-element list of
 either), chat `messages` (with `add_generation_prompt`, default true, and `tools`) and `/v1/messages`

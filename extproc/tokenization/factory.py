@@ -1,4 +1,4 @@
-"""`--tokenizer` -> a tokenizer: `builtin`, `remote` or a tokenizer.json path."""
+"""`--tokenizer` -> a tokenizer: `builtin`, `remote`, `render` or a tokenizer.json path."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ Tokenizer = LocalTokenizer | RemoteTokenizer
 
 
 def make_tokenizer(spec: str, datastore: Datastore, timeout_s: float) -> Tokenizer:
-    """`builtin`, `remote` or a tokenizer.json path (extproc/tokenization/__init__.py)."""
+    """`builtin`, `remote`, `render` or a tokenizer.json path (extproc/tokenization/__init__.py)."""
     if spec == "builtin":
         return BuiltinTokenizer()
-    if spec == "remote":
-        return RemoteTokenizer(datastore, timeout_s)
+    if spec in ("remote", "render"):
+        return RemoteTokenizer(datastore, timeout_s, render=spec == "render")
     if not Path(spec).is_file():
-        raise ValueError(f"--tokenizer: no such file {spec!r} (or use builtin / remote)")
+        raise ValueError(f"--tokenizer: no such file {spec!r} (or use builtin / remote / render)")
     return HFTokenizer(spec)

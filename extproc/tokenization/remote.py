@@ -1,6 +1,10 @@
 """The model server's POST /tokenize (vLLM: `{"model", "prompt"}` or `{"model", "messages",
 "add_generation_prompt", "tools"}` -> `{"tokens"}`; a `/v1/messages` request as the chat request
-vLLM converts it to), asked of the datastore's endpoints in turn, with a timeout
+vLLM converts it to), or, with `render`, vLLM's render endpoints: the request body as the client
+sent it, to `/v1/completions/render`, `/v1/chat/completions/render`, `/v1/messages/render` or
+`/v1/responses/render` -> `{"token_ids"}` (a list of them for completions): the very tokens the
+engine would execute, whatever the shape, its chat template or its conversion rules. Either way
+the endpoints are asked in turn,, asked of the datastore's endpoints in turn, with a timeout
 of `--tokenizer-timeout`; any failure gives None (the approximate index scores the request).
 """
 
@@ -12,17 +16,21 @@ from typing import Any
 import aiohttp
 
 from extproc.core.datastore import Datastore
-from extproc.request.openai import ParsedRequest
+from extproc.request.openai import Api, ParsedRequest
 from extproc.tokenization.local import chat_input, completion_input, is_token_list, log
+
+RENDER_PATHS = {Api.COMPLETIONS: "/v1/completions/render", Api.CHAT: "/v1/chat/completions/render",
+                Api.MESSAGES: "/v1/messages/render", Api.RESPONSES: "/v1/responses/render"}
 
 
 class RemoteTokenizer:
-    """The model server's POST /tokenize, round-robin over the datastore's endpoints."""
+    """The model server's POST /tokenize (or render endpoints), round-robin over the datastore's endpoints."""
 
-    name = "remote"
     is_async = True
 
-    def __init__(self, datastore: Datastore, timeout_s: float) -> None:
+    def __init__(self, datastore: Datastore, timeout_s: float, render: bool = False) -> None:
+        self.name = "render" if render else "remote"
+        self._render = render
         self._datastore = datastore
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -32,7 +40,11 @@ class RemoteTokenizer:
     def encode(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
         return None  # only asynchronously (Director.prepare)
 
-    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+    def _request(self, parsed: ParsedRequest) -> tuple[str, dict[str, Any]] | list[int] | None:
+        """(path, payload) to ask, or the ids a completion already gives, or None: not tokenizable."""
+        if self._render:
+            path = RENDER_PATHS.get(parsed.api)
+            return (path, parsed.body) if path is not None else None
         chat = chat_input(parsed)
         payload: dict[str, Any]
         if chat is not None:
@@ -42,8 +54,15 @@ class RemoteTokenizer:
         else:
             prompt = completion_input(parsed)
             if not isinstance(prompt, str):
-                return prompt[:max_tokens] if prompt is not None and max_tokens > 0 else prompt
+                return prompt
             payload = {"model": parsed.model, "prompt": prompt}
+        return "/tokenize", payload
+
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+        ask = self._request(parsed)
+        if not isinstance(ask, tuple):
+            return ask[:max_tokens] if ask is not None and max_tokens > 0 else ask
+        path, payload = ask
         endpoints = self._datastore.snapshot()
         if not endpoints:
             return None
@@ -51,10 +70,15 @@ class RemoteTokenizer:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
-            async with self._session.post(f"http://{ep.key}/tokenize", json=payload) as resp:
+            async with self._session.post(f"http://{ep.key}{path}", json=payload) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
-                tokens = (await resp.json()).get("tokens")
+                reply = await resp.json()
+            if self._render:  # GenerateRequest, or a list of them (completions): the first prompt's
+                reply = reply[0] if isinstance(reply, list) and len(reply) == 1 else reply
+                tokens = reply.get("token_ids") if isinstance(reply, dict) else None
+            else:
+                tokens = reply.get("tokens") if isinstance(reply, dict) else None
         except Exception as exc:  # timeouts, connection errors, bad JSON: fall back to approximate
             self.failures += 1
             log.info("remote tokenize failed", extra={"endpoint": ep.key, "error": type(exc).__name__})

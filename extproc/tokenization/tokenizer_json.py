@@ -5,9 +5,13 @@ rendered first, then encoded without adding special tokens. The template is foun
 ships it, beside the file: `chat_template` in `tokenizer_config.json` (a string, or a list of named
 templates of which "default" is used), else `chat_template.jinja` (what transformers writes since
 4.43). It renders in jinja2's sandbox with `trim_blocks` and `lstrip_blocks`, as transformers and
-vLLM render it, with the config's `bos_token` and `eos_token`. A model without a template renders
-with the builtin ChatML template. `tokenizers` releases the GIL, so `encode_async` runs in a worker
-thread.
+vLLM render it, with the config's `bos_token` and `eos_token`, and the request's `tools` when it has
+some. Content lists are handed over as vLLM hands them: a template that iterates over a message's
+content parts (`for ... in message['content']`) gets the parts; any other template (vLLM's
+"string" content format) gets the text parts joined with "\n". A model without a template renders
+with the builtin ChatML template. (For exact tokens whatever the template and the message
+normalisation, `--tokenizer render` asks the engine itself.) `tokenizers` releases the GIL, so
+`encode_async` runs in a worker thread.
 
 Cached chunks. Requests share long prefixes (a system prompt, a conversation so far), so a text
 longer than CHUNK_CHARS is encoded in the chunks of extproc/tokenization/chunking.py
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +43,21 @@ from extproc.request.openai import ParsedRequest
 from extproc.tokenization.builtin import render_chat
 from extproc.tokenization.chunking import CHUNK_CACHE_ENTRIES, CHUNK_CHARS, ChunkCache, chunk_bounds
 from extproc.tokenization.local import LocalTokenizer, log
+
+# vLLM's content-format detection, in short: the template loops over a message's content parts.
+_ITERATES_CONTENT = re.compile(r"for\s+\w+\s+in\s+\w+(\[['\"]content['\"]\]|\.content)")
+
+
+def _as_strings(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Messages with list content turned into its text parts joined with "\\n" (vLLM's "string" format)."""
+    out: list[Mapping[str, Any]] = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, list):
+            texts = [p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+            m = {**m, "content": "\n".join(texts)}
+        out.append(m)
+    return out
 
 VERIFY_TEXTS = 64
 
@@ -82,6 +102,7 @@ class HFTokenizer(LocalTokenizer):
         self._verify_left = VERIFY_TEXTS
         self._pool: ThreadPoolExecutor | None = None
         self._template: Any = None
+        self._parts = False  # the template iterates over content parts (vLLM's "openai" format)
         self._specials: dict[str, str] = {}
         config = Path(path).with_name("tokenizer_config.json")
         cfg = json.loads(config.read_text()) if config.is_file() else {}
@@ -99,6 +120,7 @@ class HFTokenizer(LocalTokenizer):
             return
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._template = env.from_string(template)
+        self._parts = bool(_ITERATES_CONTENT.search(template))
         for key in ("bos_token", "eos_token"):
             value = cfg.get(key)
             if isinstance(value, dict):
@@ -116,7 +138,8 @@ class HFTokenizer(LocalTokenizer):
             return render_chat(messages, add_generation_prompt)
         # As vLLM renders: `tools` only when the request has some (templates test `if tools`).
         extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
-        text: str = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+        shown = messages if self._parts else _as_strings(messages)
+        text: str = self._template.render(messages=shown, add_generation_prompt=add_generation_prompt,
                                           **self._specials, **extra)
         return text
 

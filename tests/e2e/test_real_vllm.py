@@ -235,6 +235,52 @@ def _json(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode()
 
 
+# One request per shape, as clients send them; the engine's render endpoints return the token ids
+# it would execute (after its own conversion, e.g. /v1/messages into a chat request).
+RENDERED = [
+    (Api.COMPLETIONS, "/v1/completions/render", completion(text(9, 300))),
+    (Api.CHAT, "/v1/chat/completions/render", {"model": MODEL_NAME, "messages": [
+        {"role": "system", "content": text(10, 200)},
+        {"role": "user", "content": [{"type": "text", "text": "two"}, {"type": "text", "text": "parts"}]},
+        {"role": "assistant", "content": text(11, 20)}, {"role": "user", "content": "and then?"}]}),
+    (Api.MESSAGES, "/v1/messages/render", {"model": MODEL_NAME, "max_tokens": 4, "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cch=1f2e;"},
+        {"type": "text", "text": text(12, 200), "cache_control": {"type": "ephemeral"}}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "read the file"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "reading"},
+                                          {"type": "tool_use", "id": "t1", "name": "read", "input": {"p": "a"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": text(13, 60)}]},
+        {"role": "user", "content": "summarise it"}]}),
+]
+
+
+def _rendered(engine: Engine, path: str, body: dict[str, Any]) -> list[int]:
+    reply = engine.post(path, body)
+    return list((reply[0] if isinstance(reply, list) else reply)["token_ids"])
+
+
+async def test_token_ids_equal_what_vllm_executes_for_every_shape(both: list[Engine]) -> None:
+    """Completions, chat and Anthropic Messages: the picker's tokenizer.json path (the model's
+    template, vLLM's Messages conversion) and `--tokenizer render` against vLLM's render endpoints."""
+    from extproc.core.datastore import Datastore, EndpointSpec
+    from extproc.tokenization.remote import RemoteTokenizer
+
+    engine = both[0]
+    tok = HFTokenizer(str(engine.env.tokenizer_json))
+    ds = Datastore()
+    host, port = engine.key.rsplit(":", 1)
+    ds.set_endpoints([EndpointSpec(host, int(port))])
+    render = RemoteTokenizer(ds, 30.0, render=True)
+    try:
+        for api, path, body in RENDERED:
+            theirs = _rendered(engine, path, body)
+            parsed = parse_request(api, _json(body))
+            assert tok.encode(parsed) == theirs, api
+            assert await render.encode_async(parsed) == theirs, api
+    finally:
+        await render.close()
+
+
 async def test_scraper_reads_real_metrics_and_calibration_learns_the_engines_cost(
         cold: list[Engine], tmp_path: Path) -> None:
     engine = cold[0]

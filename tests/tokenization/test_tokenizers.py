@@ -140,3 +140,19 @@ def test_long_prompts_tokenize_only_a_prefix_with_identical_ids() -> None:
     chat = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
     whole = tok.encode(parse_request(Api.CHAT, chat))
     assert whole is not None and tok.encode(parse_request(Api.CHAT, chat), 300) == whole[:300]
+
+
+def test_content_parts_reach_the_template_as_vllm_hands_them(tmp_path: Path) -> None:
+    """A template that prints `m.content` gets the text parts joined with a newline (vLLM's
+    "string" format); one that loops over the parts gets them; tools reach it when present."""
+    parts = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}]})
+    chat = parse_request(Api.CHAT, parts)
+    assert chat.chat is not None
+    string = HFTokenizer(str(write_hf_tokenizer(tmp_path, "{% for m in messages %}{{ m.content }}{% endfor %}")))
+    assert string.render(*chat.chat) == "hello\nworld"
+    loops = "{% for m in messages %}{% for p in m['content'] %}<{{ p.text }}>{% endfor %}{% endfor %}{{ tools }}"
+    (tmp_path / "tokenizer_config.json").unlink(missing_ok=True)
+    (tmp_path / "chat_template.jinja").write_text(loops)
+    iterating = HFTokenizer(str(write_hf_tokenizer(tmp_path, None)))
+    assert iterating.render(*chat.chat, [{"type": "function"}]) == "<hello><world>[{'type': 'function'}]"
