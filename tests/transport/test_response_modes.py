@@ -112,3 +112,25 @@ async def test_messages_are_counted_by_kind() -> None:
     assert count("prefix_epp_extproc_messages_total", {"kind": "response_headers"}) == 1
     assert count("prefix_epp_extproc_messages_total", {"kind": "response_trailers"}) == 1
     assert count("prefix_epp_extproc_messages_total", {"kind": "response_body"}) == 0
+
+
+async def test_responses_requests_ask_for_the_body_and_learn_the_id_where_it_was_served() -> None:
+    """A /v1/responses request: the override asks for the response body (unsampled), the id it
+    carries is recorded on the endpoint, and the next turn's previous_response_id finds it there."""
+    app = make_app(usage_sample_rate=0.0)
+    first = orjson.dumps({"model": "m", "input": "the first turn"})
+    out = await drive(app, [with_modes(headers_msg("/v1/responses", body_mode=BUFFERED), BUFFERED, NONE),
+                            *body_msgs(first), *body_msgs(b'{"id": "resp_42", "output": []}', 8, response=True)])
+    assert out[0].mode_override.response_body_mode == STREAMED
+    served = next(r for r in out if r.HasField("request_body")).request_body.response.header_mutation
+    home = next(h.header.raw_value.decode() for h in served.set_headers
+                if h.header.key == "x-gateway-destination-endpoint")
+    other = orjson.dumps({"model": "m", "input": "nothing shared at all", "previous_response_id": "resp_42"})
+    for _ in range(3):
+        out = await drive(app, [with_modes(headers_msg("/v1/responses", body_mode=BUFFERED), BUFFERED, NONE),
+                                *body_msgs(other)])
+        hdrs = next(r for r in out if r.HasField("request_body")).request_body.response.header_mutation
+        assert home in [h.header.raw_value.decode() for h in hdrs.set_headers]
+    chat = await drive(app, [with_modes(headers_msg("/v1/chat/completions", body_mode=BUFFERED), BUFFERED, NONE),
+                             *body_msgs(orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}))])
+    assert chat[0].mode_override.response_body_mode == NONE  # only /v1/responses needs its body read
