@@ -5,6 +5,7 @@ and one aiohttp site; replicas share only the event loop and the ZeroMQ context.
 
 Routes (vLLM's):
   POST /v1/completions, /v1/chat/completions   streaming (SSE, `data: [DONE]`) or not
+  POST /v1/messages, /v1/responses              served as the chat request vLLM renders (shapes.py)
   POST /tokenize                                 {"count", "max_model_len", "tokens", "token_strs"}
   POST /reset_prefix_cache                       forget cached blocks, publish AllBlocksCleared
   GET  /v1/models, /health, /metrics
@@ -53,6 +54,7 @@ from prefix_epp_sim.openai_api import (
     tokenize_body,
     usage,
 )
+from prefix_epp_sim.shapes import as_chat
 from prefix_epp_sim.vllm_metrics import CONTENT_TYPE, build_registry, render
 
 log = logging.getLogger(__name__)
@@ -158,6 +160,8 @@ class Replica:
         app.on_response_prepare.append(self._stamp)
         app.router.add_post("/v1/completions", _api(self._completions))
         app.router.add_post("/v1/chat/completions", _api(self._chat))
+        app.router.add_post("/v1/messages", _api(self._messages))
+        app.router.add_post("/v1/responses", _api(self._responses))
         app.router.add_post("/tokenize", _api(self._tokenize))
         app.router.add_post("/reset_prefix_cache", self._reset)
         app.router.add_get("/v1/models", self._models)
@@ -243,9 +247,17 @@ class Replica:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
 
-    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat", "messages")
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat", "responses")
+
+    async def _generate(self, request: web.Request, kind: Kind, shape: str = "") -> web.StreamResponse:
+        """`shape`: messages or responses, served as the chat request vLLM renders (prefix_epp_sim/shapes.py)."""
         self._check_ready()
-        gen = parse_generation(parse_json(await request.read()), kind, self.config)
+        body = parse_json(await request.read())
+        gen = parse_generation(as_chat(body, shape) if shape else body, kind, self.config)
         return await self.generate(request, gen)
 
     async def generate(self, request: web.Request, gen: Generation) -> web.StreamResponse:

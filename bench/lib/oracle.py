@@ -37,6 +37,7 @@ from extproc.tokenization.builtin import encode, render_chat
 from extproc.tokenization.tokenizer_json import HFTokenizer
 from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
 from prefix_epp_sim.output import output_text, output_token_ids
+from prefix_epp_sim.shapes import as_chat
 from testkit.tiny_model import TEXT
 
 BLOCK_SIZE = 16  # tokens per KV block of the bench's simulated replicas (bench.lib.routers.SimSettings)
@@ -86,7 +87,11 @@ def oracle(requests: Iterable[tuple[Sequence[int], Sequence[int]]], block_size: 
 
 
 def prompt_tokens(path: str, request: dict[str, object]) -> list[int]:
-    """Token ids the simulator computes for a request body."""
+    """Token ids the simulator computes for a request body (Messages and Responses as the chat
+    request it serves them as, prefix_epp_sim/shapes.py)."""
+    for suffix, shape in (("/v1/messages", "messages"), ("/v1/responses", "responses")):
+        if path.endswith(suffix):
+            request, path = as_chat(request, shape), "/v1/chat/completions"
     if path.endswith("/chat/completions"):
         messages = request["messages"]
         assert isinstance(messages, list)

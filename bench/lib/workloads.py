@@ -38,6 +38,8 @@ streams with usage):
   `long_question_tokens` (500) question: 30,000-token prompts, 5% of the requests and about
   60% of the prompt tokens. All shuffled together, Poisson arrivals at `rate` per second. KV
   headroom is `MIXED_RUNNING_HEADROOM` (4) of the 30k-token requests, not 8.
+- `mixed-shapes` (every shape: completions, chat with tools, /v1/messages, /v1/responses, chat
+  with an image): conversations dealt over the shapes, see bench/lib/shapes_workload.py.
 - `bursts` (/v1/completions): `bursts` bursts of `per_burst` (50) requests, one every `gap_s`
   (4) seconds; a burst's requests share a system prompt no earlier request used
   (`system_tokens`, 6000) and each has its own question (`question_tokens`, 1200); they arrive
@@ -85,7 +87,7 @@ from typing import Any, Literal
 
 from extproc.tokenization.builtin import count
 
-Api = Literal["completion", "chat"]
+Api = Literal["completion", "chat", "completion_turns", "chat_tools", "messages", "responses", "chat_image"]
 MODEL = "sim-model"
 PATHS: Mapping[Api, str] = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 POOL_FACTOR = 2.0  # the pool holds the working set this many times over...
@@ -157,6 +159,10 @@ def body(session: Session, turn: int, answers: Sequence[str]) -> tuple[str, dict
     """(path, JSON body) of a session's turn, given the answers to its earlier turns."""
     common = {"model": MODEL, "max_tokens": session.max_tokens, "stream": True,
               "stream_options": {"include_usage": True}, **dict(session.sampling)}
+    if session.api not in PATHS:  # the other shapes of `mixed-shapes` (bench.lib.shapes_workload)
+        from bench.lib.shapes_workload import shaped_body
+
+        return shaped_body(session.api, session.system, session.prompts, turn, answers, common)
     if session.api == "completion":
         return PATHS["completion"], {**common, "prompt": session.prompts[turn]}
     messages: list[dict[str, str]] = []
@@ -339,7 +345,8 @@ def bursts(p: BurstParams = BurstParams()) -> Workload:
     return Workload("bursts", tuple(sessions), vars(p), running_headroom=BURST_RUNNING_HEADROOM)
 
 
-WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "no-reuse", "cache-pressure", "mixed-length", "bursts")
+WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "no-reuse", "cache-pressure", "mixed-length", "bursts",
+             "mixed-shapes")
 
 
 def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> Workload:
@@ -368,6 +375,11 @@ def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> W
     if name == "bursts":  # `load` shortens the gaps; a burst stays 50 requests within 100 ms
         bp = BurstParams(bursts=4 if quick else 12, seed=seed)
         return bursts(replace(bp, gap_s=bp.gap_s / load))
+    if name == "mixed-shapes":  # every request shape (bench.lib.shapes_workload)
+        from bench.lib.shapes_workload import MixedShapesParams, mixed_shapes
+
+        ms = MixedShapesParams(conversations=30 if quick else 60, seed=seed)
+        return mixed_shapes(replace(ms, rate=ms.rate * load))
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
