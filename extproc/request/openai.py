@@ -8,8 +8,8 @@ Shapes (`api_from_path`, by the path's suffix; a query string is ignored):
   (extproc/request/messages.py), then segmented as chat, so it shares its prefix with the same
   conversation sent as chat;
 - `/v1/responses`: `instructions` (as the system message), the tools, then each input item;
-  `previous_response_id` becomes `previous_response_id`, an affinity hint toward the endpoint that
-  served that response (extproc/control/affinity.py);
+  `previous_response_id` is kept as an affinity hint toward the endpoint that served that
+  response (extproc/control/affinity.py);
 - `/v1/embeddings`: the input, one segment;
 - any other path (`/v1/messages/count_tokens`, render endpoints, audio, ...): no segments, so the
   request is routed by load alone; the body need not be JSON and no field is required.
