@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from typing import Any
 
 import orjson
@@ -95,3 +96,36 @@ def test_malformed_messages_are_bad_requests(body: dict[str, Any], needle: str) 
     with pytest.raises(EppError) as info:
         parse_request(Api.MESSAGES, orjson.dumps(body))
     assert info.value.http_status == 400 and needle in info.value.message
+
+
+def _junk(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["str", "int", "none", "bool", "float"] + (["list", "dict", "block"] if depth < 4 else [])
+    kind = rng.choice(kinds)
+    if kind == "list":
+        return [_junk(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == "dict":
+        return {rng.choice(["type", "text", "source", "content", "role", "input", "id"]): _junk(rng, depth + 1)
+                for _ in range(rng.randrange(4))}
+    if kind == "block":
+        return {"type": rng.choice(["text", "image", "tool_use", "tool_result", "thinking", "x"]),
+                **{k: _junk(rng, depth + 1) for k in rng.sample(["text", "source", "content", "input", "id",
+                                                                 "name", "tool_use_id", "thinking"], 3)}}
+    return {"str": "s", "int": 7, "none": None, "bool": True, "float": 1.5}[kind]
+
+
+def test_any_malformed_body_is_a_clear_400_never_a_crash() -> None:
+    """Random blocks, parts and fields (images without sources, tool results of any type, ...)."""
+    rng = random.Random(28)
+    for _ in range(3000):
+        body = {"model": "m", "messages": [{"role": rng.choice(["user", "assistant", "system", 5]),
+                                            "content": _junk(rng)} for _ in range(rng.randrange(1, 4))]}
+        for key in ("system", "tools"):
+            if rng.random() < 0.5:
+                body[key] = _junk(rng)
+        for api in (Api.MESSAGES, Api.CHAT, Api.RESPONSES):
+            if api is Api.RESPONSES:
+                body["input"] = body["messages"]
+            try:
+                parse_request(api, orjson.dumps(body))
+            except EppError as err:
+                assert err.http_status == 400
