@@ -83,7 +83,8 @@ class Engine:
                 "--host", self.address, "--port", str(self.port), "--block-size", str(BLOCK_SIZE),
                 "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
                 "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--enable-prompt-tokens-details",
-                "--kv-events-config", json.dumps(events), "--disable-uvicorn-access-log"]
+                "--kv-events-config", json.dumps(events), "--disable-uvicorn-access-log",
+                "--enable-scale-out"]  # the render endpoints (/v1/*/render): the tokens the engine executes
 
     def environ(self) -> dict[str, str]:
         tmp, cache = self.workdir / "tmp", self.workdir / "cache"
