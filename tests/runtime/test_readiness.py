@@ -68,15 +68,19 @@ async def test_not_ready_until_discovery_has_synced_then_not_ready_again_on_drai
 
 async def test_with_peer_sync_not_ready_until_the_warm_start_is_over(tmp_path: Path) -> None:
     """Discovery is synced at once (static endpoints), but a peer is configured: readiness waits
-    for its snapshot, or, as here where the peer never answers, for --sync-warm-timeout."""
-    sync_port, dead_peer = free_ports(2)
+    for its snapshot. The peer is not up at first (its port refuses), so the picker stays
+    NOT_SERVING (the warm timeout is far away); once the peer starts, the picker loads its
+    snapshot and turns SERVING, well before the timeout."""
+    sync_port, peer_port = free_ports(2)
     secret = tmp_path / "secret"
     secret.write_text("s" * 32)
-    sync = replace(SyncConfig(), port=sync_port, secret_file=str(secret), peers=(f"127.0.0.1:{dead_peer}",),
-                   warm_timeout_s=4.0, backoff_initial_s=0.05, backoff_max_s=0.2)
+    sync = replace(SyncConfig(), port=sync_port, secret_file=str(secret), peers=(f"127.0.0.1:{peer_port}",),
+                   warm_timeout_s=120.0, backoff_initial_s=0.05, backoff_max_s=0.2)
     async with started(tmp_path, endpoints=("127.0.0.1:9",), sync=sync) as (app, stub):
         assert app.datastore.synced and app.sync is not None and not app.sync.warm
         got = await statuses(stub)
         assert all(got[s] == SERVING for s in ALWAYS) and all(got[s] == NOT_SERVING for s in GATED), got
-        await until(lambda: app.sync is not None and app.sync.warm, timeout=15)
-        assert set((await statuses(stub)).values()) == {SERVING}
+        peer_sync = replace(sync, port=peer_port, peers=(f"127.0.0.1:{sync_port}",), warm_timeout_s=0.1)
+        async with started(tmp_path, endpoints=("127.0.0.1:9",), sync=peer_sync):
+            await until(lambda: app.sync is not None and app.sync.warm, timeout=60)
+            assert set((await statuses(stub)).values()) == {SERVING}
