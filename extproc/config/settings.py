@@ -277,10 +277,11 @@ class EppConfig:
     max_health_watches: int = 64
     disable_endpoint_subset_filter: bool = False
     refresh_metrics_interval_s: float = 0.05
-    # Scrapes per second for the whole pool (extproc/scraping/plan.py): beyond 50 endpoints at the
-    # 50 ms interval each endpoint's interval grows to endpoints / budget (256 ms at 256); ~0.1 ms of
-    # CPU per filtered scrape bounds scraping at ~0.1 core (bench/results/scale.md). 0: unbounded.
-    scrape_budget_per_s: float = 1000.0
+    # Scrapes per second for the whole pool (extproc/scraping/plan.py): beyond 25 endpoints at the
+    # 50 ms interval each endpoint's interval grows to endpoints / budget (512 ms at 256). A filtered
+    # scrape costs ~0.3 ms of CPU (bench/results/scale.md), so scraping stays under ~0.2 core
+    # whatever the pool's size. 0: unbounded (every endpoint at the interval).
+    scrape_budget_per_s: float = 500.0
     metrics_staleness_threshold_s: float = 2.0
     scrape_timeout_s: float = 1.0
     config_file: str = ""  # EndpointPickerConfig YAML (extproc/scheduling/config_loader.py)

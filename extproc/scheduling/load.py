@@ -9,7 +9,7 @@ Metric-based plugins (queue-scorer, kv-cache-utilization-scorer, lora-affinity-s
 utilization-detector) read `usable_metrics`: the last scrape if it succeeded and is at most
 max(`staleness_s`, STALE_INTERVALS x its scrape interval) old, else None (the plugin then treats
 the endpoint as saturated). The interval grows with the pool past the scrape budget
-(extproc/scraping/plan.py: 256 ms at 256 endpoints, longer than the utilization-detector's
+(extproc/scraping/plan.py: 512 ms at 256 endpoints, longer than the utilization-detector's
 200 ms threshold), so a scrape counts as stale when the next one is overdue, not merely because
 the pool is large. Their queue is `queue_depth`: the scraped waiting queue plus the requests
 routed there since that scrape, so a slow or stale scrape cannot make every new request pile

@@ -1,15 +1,16 @@
 """When each endpoint's /metrics is scraped: a paced, earliest-due-first plan with a pool-wide budget.
 
-One scrape costs the picker ~0.1-0.4 ms of CPU (HTTP client, reading, parsing) and costs the
-engine a render of its exposition, so a fixed interval per endpoint makes the cost grow with the
-pool: 256 endpoints every 50 ms are 5,120 scrapes a second. Here the pool shares one budget:
+One scrape costs the picker ~0.3 ms of CPU (HTTP client, reading, parsing; ~0.65 ms for vLLM's
+whole ~125 KB page, which extproc/scraping/scraper.py no longer asks for) and costs the engine a
+render of its exposition, so a fixed interval per endpoint makes the cost grow with the pool:
+256 endpoints every 50 ms are 5,120 scrapes a second. Here the pool shares one budget:
 
     interval(n) = max(base, n / budget)        seconds between two scrapes of one endpoint
     spacing(n)  = interval(n) / n              seconds between two scrape starts, pool-wide
 
 with `base` = --refresh-metrics-interval (50 ms) and `budget` = --scrape-budget (scrapes per
 second for the whole pool; 0: unbounded, every endpoint at `base`). So the pool is scraped at
-min(n / base, budget) per second: up to base * budget endpoints (50 at the defaults) nothing
+min(n / base, budget) per second: up to base * budget endpoints (25 at the defaults) nothing
 changes; beyond, each endpoint's interval grows with n and the total stays at the budget.
 
 Order: earliest due first. An endpoint is due `interval(n)` after its last scrape started (at
@@ -20,8 +21,9 @@ due `base` after its last scrape started instead: the endpoints whose state the 
 changing are refreshed first; within the same budget, others wait a little longer.
 
 Freshness at decision time: a scrape is on average interval(n)/2 old (at most interval(n) plus
-the scrape's own latency); at 256 endpoints and the default budget (1,000/s) that is 128 ms on
-average, 256 ms at most, and `base` (50 ms) for a touched endpoint while the budget allows. The
+the scrape's own latency); at 256 endpoints and the default budget (500/s) that is 256 ms on
+average, 512 ms at most, and about `base` (50 ms) for an endpoint that keeps being routed to,
+as long as those are fewer than budget * base (25). The
 picker's own in-flight counts are always current (extproc/scheduling/load.py adds the requests
 routed since the last scrape to its queue).
 
