@@ -4,9 +4,10 @@ Loop: one task paces the whole pool (extproc/scraping/plan.py): each endpoint is
 max(--refresh-metrics-interval, endpoints / --scrape-budget) seconds, earliest due first, the
 starts spread evenly over the interval, an endpoint the picker just routed to ahead of the rest
 (the datastore's acquired listener). Endpoints join and leave the plan through the datastore's
-added/removed listeners. Each scrape is a task of its own (a slow engine delays nobody else),
-all sharing one aiohttp session, with a timeout of `scrape_timeout_s` (1 s), asking for an
-uncompressed body (decompressing would cost more CPU than the loopback or pod network saves).
+added/removed listeners. Each scrape is a task of its own (a slow engine delays nobody else)
+over extproc/scraping/http.py (a narrow GET client, one kept-alive connection per endpoint), with
+a timeout of `scrape_timeout_s` (1 s), asking for an uncompressed body (decompressing would
+cost more CPU than the loopback or pod network saves).
 Every successful scrape carries the interval it was taken at (`ModelServerMetrics.interval_s`),
 so staleness can be judged against it (extproc/scheduling/load.py).
 
@@ -79,12 +80,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from urllib.parse import quote
 
-import aiohttp
-
 from extproc.config.settings import EppConfig
 from extproc.core.datastore import Datastore, Endpoint, ModelServerMetrics, join_host_port
 from extproc.prefix.capacity import auto_tuned_capacity
 from extproc.prefix.index import PrefixIndex
+from extproc.scraping.http import MetricsHttp, ScrapeError
 from extproc.scraping.plan import ScrapePlan
 from extproc.scraping.prom_text import samples
 
@@ -106,8 +106,7 @@ FAMILIES = (WAITING, RUNNING, KV_USAGE, KV_USAGE_V0, CACHE_CONFIG, LORA_INFO, TT
             PROMPT_TOKENS, PROCESS_START)
 
 
-class ScrapeError(Exception):
-    pass
+__all__ = ["FAMILIES", "MetricsScraper", "ScrapeError", "family_query", "parse_vllm_metrics"]
 
 
 def _split_names(value: str) -> frozenset[str]:
@@ -176,7 +175,7 @@ class MetricsScraper:
         self._capacity: dict[str, int] = {}
         self._failing: set[str] = set()
         self._capped: set[str] = set()  # endpoints whose capped cache config was logged
-        self._session: aiohttp.ClientSession | None = None
+        self._http: MetricsHttp | None = None  # while run() is active
         self.scrapes = 0  # attempts so far (tests, benchmarks)
         self.on_models: Callable[[frozenset[str]], None] | None = None  # engine-reported model names
         datastore.on_added(self._added)
@@ -184,10 +183,13 @@ class MetricsScraper:
         datastore.on_acquired(self._touched)
         self._query = family_query() if config.metrics_source.filter_families else ""
 
-    def _url(self, ep: Endpoint, filtered: bool = True) -> str:
-        src = self.config.metrics_source
+    def _target(self, ep: Endpoint, filtered: bool = True) -> str:
         query = self._query if filtered and ep.key not in self._full_page else ""
-        return f"{src.scheme}://{join_host_port(ep.address, ep.port)}{src.path}{query}"
+        return f"{self.config.metrics_source.path}{query}"
+
+    def _url(self, ep: Endpoint, filtered: bool = True) -> str:
+        host = join_host_port(ep.address, ep.port)
+        return f"{self.config.metrics_source.scheme}://{host}{self._target(ep, filtered)}"
 
     @property
     def interval_s(self) -> float:
@@ -216,10 +218,8 @@ class MetricsScraper:
     async def run(self) -> None:
         """Scrape until cancelled."""
         src = self.config.metrics_source
-        connector = aiohttp.TCPConnector(limit=0, ssl=not src.insecure_skip_verify)
-        timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout_s)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                              headers={"Accept-Encoding": "identity"}, auto_decompress=False)
+        self._http = MetricsHttp(src.scheme, src.insecure_skip_verify, self.config.scrape_timeout_s,
+                                 src.max_body_bytes)
         plan = self._plan = ScrapePlan(self.config.refresh_metrics_interval_s, self.config.scrape_budget_per_s)
         try:
             for ep in self.datastore.snapshot():
@@ -246,8 +246,8 @@ class MetricsScraper:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            session, self._session = self._session, None
-            await session.close()
+            http, self._http = self._http, None
+            await http.close()
 
     async def _scrape_planned(self, ep: Endpoint) -> None:
         try:
@@ -260,33 +260,30 @@ class MetricsScraper:
             if self._plan is not None:
                 self._plan.done(ep.key, self._clock())
 
-    async def _fetch(self, url: str) -> bytes:
-        assert self._session is not None
-        async with self._session.get(url, allow_redirects=False) as resp:
-            if resp.status != 200:
-                raise ScrapeError(f"HTTP {resp.status}")
-            return await self._read_bounded(resp)
+    async def _fetch(self, ep: Endpoint, target: str) -> bytes:
+        assert self._http is not None
+        return await self._http.get(ep.key, ep.address, ep.port, join_host_port(ep.address, ep.port), target)
 
-    async def _fetch_and_parse(self, ep: Endpoint, url: str | None) -> ModelServerMetrics:
-        url = url or self._url(ep)
-        body = await self._fetch(url)
+    async def _fetch_and_parse(self, ep: Endpoint) -> ModelServerMetrics:
+        target = self._target(ep)
+        body = await self._fetch(ep, target)
         try:
             return parse_vllm_metrics(body, self._clock())
         except ScrapeError:
-            full = self._url(ep, filtered=False)
-            if url == full:
+            full = self._target(ep, filtered=False)
+            if target == full:
                 raise
-        m = parse_vllm_metrics(await self._fetch(full), self._clock())
+        m = parse_vllm_metrics(await self._fetch(ep, full), self._clock())
         self._full_page.add(ep.key)
         log.info("the filtered metrics page lacks the load families; scraping the whole page",
                  extra={"endpoint": ep.key})
         return m
 
-    async def scrape_once(self, ep: Endpoint, url: str | None = None) -> ModelServerMetrics:
-        assert self._session is not None, "scrape_once needs run() to be active"
+    async def scrape_once(self, ep: Endpoint) -> ModelServerMetrics:
+        assert self._http is not None, "scrape_once needs run() to be active"
         self.scrapes += 1
         try:
-            m = await self._fetch_and_parse(ep, url)
+            m = await self._fetch_and_parse(ep)
             m.interval_s = self.interval_s
             self._cap(ep.key, m)
         except asyncio.CancelledError:
@@ -306,18 +303,6 @@ class MetricsScraper:
                 self.on_models(m.model_names | m.running_loras | m.waiting_loras)
         self.datastore.set_metrics(ep.key, m)
         return m
-
-    async def _read_bounded(self, resp: aiohttp.ClientResponse) -> bytes:
-        limit = self.config.metrics_source.max_body_bytes
-        if resp.content_length is not None and resp.content_length > limit:
-            raise ScrapeError(f"body of {resp.content_length} bytes, over {limit}")
-        chunks, size = [], 0
-        async for chunk in resp.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > limit:
-                raise ScrapeError(f"body over {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _cap(self, key: str, m: ModelServerMetrics) -> None:
         """Cap the reported cache config in place (see the module docstring); log the first time."""
