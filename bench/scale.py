@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scale_decide import decision_cells, tokenize
-from bench.scale_scrape import scrape_costs
+from bench.scale_scrape import client_costs, scrape_costs
 
 PARTS = ("scrape", "decision", "tokenize", "memory")
 SIZES = (4, 16, 64, 256)
@@ -42,7 +42,7 @@ def requests_for(tokens: int, quick: bool) -> int:
 
 def run_part(part: str, quick: bool, log_dir: Path) -> list[dict[str, Any]]:
     if part == "scrape":
-        return scrape_costs(SIZES, 3.0 if quick else 10.0, log_dir)
+        return [client_costs(log_dir), *scrape_costs(SIZES, 3.0 if quick else 10.0, log_dir)]
     if part == "decision":
         rows = []
         for mode in MODES:

@@ -43,10 +43,13 @@ def _reps(rows: list[dict[str, Any]]) -> str:
 def scrape_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
     lines = ["## Scraping (`--part scrape`, bench/scale_scrape.py)", "",
              f"Repetitions: {_reps(rows)}; mean (min-max). `fixed`: every endpoint every 50 ms, whole page "
-             "(the design before the scrape plan). `budgeted`: the defaults, --scrape-budget 500/s for the pool, "
+             "(the design before the scrape plan, here over the narrow HTTP client; it had aiohttp's, dearer per GET: "
+             "below). `budgeted`: the defaults, --scrape-budget 500/s for the pool, "
              "only the families read. Model servers: testkit/vllm_stubs.py (vLLM's ~125 KB page) in another process.",
              "", "| endpoints | design | core share | scrapes/s kept | planned | CPU ms/scrape | interval ms | "
              "age mean ms | age p99 ms |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    client = _find(rows, design="client")
+    rows = [r for r in rows if r["design"] != "client"]
     for r in rows:
         lines.append(f"| {r['endpoints']} | {r['design']} | {_fmt(r, 'core_share', 3)} | "
                      f"{_fmt(r, 'scrapes_per_s', 0)} | "
@@ -65,6 +68,10 @@ def scrape_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "scale-scrape.png", dpi=100)
     plt.close(fig)
+    if client is not None:
+        lines += ["", "CPU per GET of the filtered page, one after another over kept-alive connections "
+                  f"(`client_costs`): aiohttp's client {_fmt(client, 'aiohttp_us_per_get', 0)} us, "
+                  f"extproc/scraping/http.py {_fmt(client, 'narrow_us_per_get', 0)} us."]
     return [*lines, "", "![scraper CPU](scale-scrape.png)", ""]
 
 
