@@ -53,7 +53,8 @@ WORDS = ["".join(_VOCAB.choice(string.ascii_lowercase) for _ in range(_VOCAB.ran
          for _ in range(5000)]
 TOKENS_PER_WORD = 1.16
 BLOCK = 16
-CORPUS = "".join(random.Random(9).choice(WORDS) for _ in range(200_000))  # the requests' own parts come from it
+_CORPUS_RNG = random.Random(9)
+CORPUS = "".join(_CORPUS_RNG.choice(WORDS) for _ in range(200_000))  # the requests' own parts come from it
 
 
 def text(seed: int, tokens: int) -> str:
