@@ -159,8 +159,9 @@ def targets(doc: Doc) -> list[str]:
 def render(doc: Doc, out: Path) -> str:
     lines = ["# How the cost grows (`python -m bench.scale`)", "",
              "In process on this machine (2 cores shared with other work; every part run under the shared CPU "
-             "lock), no model server: the picker's own work. Regenerate: `python -m bench.scale` (or one "
-             "`--part` at a time, then `--render`). Per-repetition rows: bench/results/runs/scale-*.json.", ""]
+             "lock, one of its two slots: another heavy job may run on the other core), no model server: the "
+             "picker's own work. Regenerate: `python -m bench.scale` (or one `--part` at a time, then "
+             "`--render`). Per-repetition rows: bench/results/runs/scale-*.json.", ""]
     lines += targets(doc)
     if "scrape" in doc:
         lines += scrape_section(doc["scrape"], out)
