@@ -279,8 +279,8 @@ class EppConfig:
     refresh_metrics_interval_s: float = 0.05
     # Scrapes per second for the whole pool (extproc/scraping/plan.py): beyond 25 endpoints at the
     # 50 ms interval each endpoint's interval grows to endpoints / budget (512 ms at 256). A filtered
-    # scrape costs ~0.3 ms of CPU (bench/results/scale.md), so scraping stays under ~0.2 core
-    # whatever the pool's size. 0: unbounded (every endpoint at the interval).
+    # scrape costs ~0.35 ms of CPU (bench/results/scale.md: 0.18 core at 256 endpoints), so scraping
+    # stays under ~0.2 core whatever the pool's size. 0: unbounded (every endpoint at the interval).
     scrape_budget_per_s: float = 500.0
     metrics_staleness_threshold_s: float = 2.0
     scrape_timeout_s: float = 1.0

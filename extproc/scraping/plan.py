@@ -1,9 +1,10 @@
 """When each endpoint's /metrics is scraped: a paced, earliest-due-first plan with a pool-wide budget.
 
-One scrape costs the picker ~0.3 ms of CPU (HTTP client, reading, parsing; ~0.65 ms for vLLM's
-whole ~125 KB page, which extproc/scraping/scraper.py no longer asks for) and costs the engine a
-render of its exposition, so a fixed interval per endpoint makes the cost grow with the pool:
-256 endpoints every 50 ms are 5,120 scrapes a second. Here the pool shares one budget:
+One scrape costs the picker ~0.35 ms of CPU (HTTP client, reading, parsing; ~0.55 ms for vLLM's
+whole ~125 KB page, which extproc/scraping/scraper.py no longer asks for; bench/results/scale.md)
+and costs the engine a render of its exposition, so a fixed interval per endpoint makes the cost
+grow with the pool: 256 endpoints every 50 ms are 5,120 scrapes a second. Here the pool shares one
+budget:
 
     interval(n) = max(base, n / budget)        seconds between two scrapes of one endpoint
     spacing(n)  = interval(n) / n              seconds between two scrape starts, pool-wide
