@@ -2,7 +2,8 @@
 
 Each port serves:
 - `GET /metrics`: a ~125 KB vLLM exposition (testkit/vllm_text.py) with the port's current
-  waiting/running/KV values (regenerated only when they change);
+  waiting/running/KV values (regenerated only when they change); with `?name[]=...` only those
+  samples, as prometheus_client (vLLM's exposition) answers;
 - `POST /control` with JSON `{"waiting": w, "running": r, "kv": k}`: sets those values;
 - anything else: `{"served_by": "127.0.0.1:PORT"}` with the `x-served-by` header, like
   testkit/echo_backends.py.
@@ -19,15 +20,17 @@ import sys
 import orjson
 from aiohttp import web
 
-from testkit.vllm_text import exposition
+from testkit.vllm_text import exposition, restrict
 
 
 def make_app(name: str) -> web.Application:
     state = {"values": (2.0, 3.0, 0.3)}
     page = {"body": exposition(*state["values"], loras=[("a", "", 4, 1.0)])}
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=page["body"], content_type="text/plain")
+    async def metrics(request: web.Request) -> web.Response:
+        names = request.query.getall("name[]", [])
+        body = restrict(page["body"], frozenset(names)) if names else page["body"]
+        return web.Response(body=body, content_type="text/plain")
 
     async def control(request: web.Request) -> web.Response:
         doc = orjson.loads(await request.read())

@@ -61,3 +61,26 @@ def exposition(waiting: float = 0, running: float = 0, kv: float = 0.0, *, engin
             li.labels(str(mx), run, wait).set(ts)
     text = generate_latest(reg)
     return noise(model=model) + text if with_noise else text
+
+
+@functools.lru_cache(maxsize=64)
+def restrict(page: bytes, names: frozenset[str]) -> bytes:
+    """The page as prometheus_client renders it for `?name[]=...`: only the samples named (their
+    families' HELP and TYPE lines kept), as vLLM's /metrics answers a filtered scrape."""
+    wanted = {n.encode() for n in names}
+    out: list[bytes] = []
+    comments: list[bytes] = []
+    family_kept = False
+    for line in page.split(b"\n"):
+        if line.startswith(b"# HELP "):
+            comments, family_kept = [line], False
+        elif line.startswith(b"#"):
+            comments.append(line)
+        elif line:
+            name = line.split(b"{", 1)[0].split(b" ", 1)[0]
+            if name in wanted:
+                if not family_kept:
+                    out.extend(comments)
+                    family_kept = True
+                out.append(line)
+    return b"\n".join(out) + b"\n" if out else b""

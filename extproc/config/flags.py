@@ -180,6 +180,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--kubeconfig", "kubeconfig", TEXT, DISCOVERY, "kubeconfig path (in-cluster config if empty)"),
     Flag("--refresh-metrics-interval", "refresh_metrics_interval_s", DURATION, METRICS,
          "scrape interval per endpoint, e.g. 50ms or 0.05 (0: no scraping)", NON_NEGATIVE),
+    Flag("--scrape-budget", "scrape_budget_per_s", FLOAT, METRICS,
+         "metrics scrapes per second for the whole pool: each endpoint is scraped every "
+         "max(--refresh-metrics-interval, endpoints / budget) (0: unbounded)", NON_NEGATIVE),
     Flag("--metrics-staleness-threshold", "metrics_staleness_threshold_s", DURATION, METRICS,
          "older scrapes count as stale: saturated for scorers, left out of the pool gauges", POSITIVE),
     Flag("--config-file", "config_file", TEXT, SCHEDULING, "EndpointPickerConfig YAML file"),

@@ -78,6 +78,9 @@ class ModelServerMetrics:
     # whose cache is empty whatever the indexes hold (Datastore.on_restarted).
     started_at: float = -1.0
     updated_at: float = 0.0  # time.monotonic() of the last successful scrape
+    # The scrape interval in force when it was taken (extproc/scraping/plan.py: it grows with the
+    # pool beyond the scrape budget); staleness is judged against it too (extproc/scheduling/load.py).
+    interval_s: float = 0.0
     ok: bool = False  # False after a failed scrape
 
 
@@ -111,6 +114,7 @@ class Datastore:
         self._on_added: list[Listener] = []
         self._on_removed: list[Listener] = []
         self._on_restarted: list[Listener] = []
+        self._on_acquired: list[Listener] = []
         self.synced = False  # discovery has listed everything at least once
         self.generation = 0
 
@@ -124,6 +128,10 @@ class Datastore:
     def on_restarted(self, fn: Listener) -> None:
         """`fn(endpoint)` when a scrape shows the engine's process started anew (its cache is empty)."""
         self._on_restarted.append(fn)
+
+    def on_acquired(self, fn: Listener) -> None:
+        """`fn(endpoint)` when a request is routed there (the scraper refreshes it sooner); keep it O(1)."""
+        self._on_acquired.append(fn)
 
     # -- writes (discovery) ----------------------------------------------------------------
     def set_endpoints(self, specs: Iterable[EndpointSpec]) -> None:
@@ -192,6 +200,8 @@ class Datastore:
         ep = self._endpoints.get(key)
         if ep is not None:
             ep.inflight += 1
+            for fn in self._on_acquired:
+                fn(ep)
         return ep
 
     @staticmethod

@@ -176,7 +176,8 @@ class PreciseIndex:
         for engine_hash, key in zip(ev.block_hashes, keys, strict=False):
             old = entries.pop(key, None)
             if old is None:
-                holders[key] = holders.get(key, 0) | bit
+                held = holders.get(key)
+                holders[key] = bit if held is None else held | bit
                 added += 1
             elif old != engine_hash:
                 engine.pop(old, None)
@@ -262,7 +263,8 @@ class PreciseIndex:
         holders, entries, bit = self._holders, slot.entries, 1 << slot.bit
         for key in keys:
             if entries.pop(key, None) is None:
-                holders[key] = holders.get(key, 0) | bit
+                held = holders.get(key)
+                holders[key] = bit if held is None else held | bit
             entries[key] = expiry
         self._queue.append((expiry, slot, keys))
         capacity = self.capacity(endpoint)

@@ -175,7 +175,10 @@ class PrefixIndex:
             if h in lru:
                 del lru[h]
             else:
-                holders[h] = holders.get(h, 0) | bit
+                # A block held by one endpoint (the common case) shares that endpoint's `bit` object
+                # instead of a fresh int per entry: at slot 255 a mask int is ~60 bytes.
+                held = holders.get(h)
+                holders[h] = bit if held is None else held | bit
             lru[h] = None
         self._entries += len(lru) - before
         capacity = self._capacity.get(endpoint, self.default_capacity)

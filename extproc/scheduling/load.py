@@ -7,14 +7,20 @@ top of the scraped `waiting + running`. Without a usable scrape, load = in-fligh
 
 Metric-based plugins (queue-scorer, kv-cache-utilization-scorer, lora-affinity-scorer,
 utilization-detector) read `usable_metrics`: the last scrape if it succeeded and is at most
-`staleness_s` old, else None (the plugin then treats the endpoint as saturated). Their queue is
-`queue_depth`: the scraped waiting queue plus the requests routed there since that scrape, so a
-slow or stale scrape cannot make every new request pile onto the pod that looked idle.
+max(`staleness_s`, STALE_INTERVALS x its scrape interval) old, else None (the plugin then treats
+the endpoint as saturated). The interval grows with the pool past the scrape budget
+(extproc/scraping/plan.py: 512 ms at 256 endpoints, longer than the utilization-detector's
+200 ms threshold), so a scrape counts as stale when the next one is overdue, not merely because
+the pool is large. Their queue is `queue_depth`: the scraped waiting queue plus the requests
+routed there since that scrape, so a slow or stale scrape cannot make every new request pile
+onto the pod that looked idle.
 """
 
 from __future__ import annotations
 
 from extproc.core.datastore import Endpoint, ModelServerMetrics
+
+STALE_INTERVALS = 2.0
 
 
 def endpoint_load(ep: Endpoint) -> float:
@@ -25,9 +31,9 @@ def endpoint_load(ep: Endpoint) -> float:
 
 
 def usable_metrics(ep: Endpoint, now: float, staleness_s: float) -> ModelServerMetrics | None:
-    """The endpoint's last scrape if it succeeded at most `staleness_s` seconds before `now`."""
+    """The endpoint's last scrape if it succeeded at most max(`staleness_s`, 2 intervals) before `now`."""
     m = ep.metrics
-    if m is None or not m.ok or now - m.updated_at > staleness_s:
+    if m is None or not m.ok or now - m.updated_at > max(staleness_s, STALE_INTERVALS * m.interval_s):
         return None
     return m
 

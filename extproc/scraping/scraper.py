@@ -1,10 +1,24 @@
 """Background scraping of every endpoint's model-server /metrics (vLLM names), off the request path.
 
-Loop: one asyncio task per endpoint (started and cancelled by the datastore's added/removed
-listeners), all sharing one aiohttp session. Each task GETs `<scheme>://<ip>:<port><path>`
-every `--refresh-metrics-interval` (start to start; default in EppConfig), with a timeout of
-`scrape_timeout_s` (1 s), asking for an uncompressed body (decompressing would cost more CPU
-than the loopback or pod network saves).
+Loop: one task paces the whole pool (extproc/scraping/plan.py): each endpoint is scraped every
+max(--refresh-metrics-interval, endpoints / --scrape-budget) seconds, earliest due first, the
+starts spread evenly over the interval, an endpoint the picker just routed to ahead of the rest
+(the datastore's acquired listener). Endpoints join and leave the plan through the datastore's
+added/removed listeners. Each scrape is a task of its own (a slow engine delays nobody else)
+over extproc/scraping/http.py (a narrow GET client, one kept-alive connection per endpoint), with
+a timeout of `scrape_timeout_s` (1 s), asking for an uncompressed body (decompressing would
+cost more CPU than the loopback or pod network saves).
+Every successful scrape carries the interval it was taken at (`ModelServerMetrics.interval_s`),
+so staleness can be judged against it (extproc/scheduling/load.py).
+
+Only the families read below are asked for (`MetricsSourceConfig.filter_families`, default on):
+the URL carries `?name[]=<sample name>` for each of `FAMILIES`, which prometheus_client's
+exposition (vLLM's /metrics) honours by collecting and rendering only those, ~2 KB instead of
+~125 KB: less to read and parse here, less to render on the engine. A server that ignores the
+parameter answers the whole page, which parses the same. One whose filtered answer has none of
+the load families (prometheus_client in multiprocess mode, e.g. vLLM with several API server
+processes, answers an empty page) is scraped once more without the filter; when that page
+parses, the endpoint keeps the whole page from then on (logged once).
 
 What a model server may answer (it is not trusted to behave; MetricsSourceConfig):
 - only its own address is read: redirects are not followed (a 3xx is a failed scrape), so an
@@ -64,13 +78,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-
-import aiohttp
+from urllib.parse import quote
 
 from extproc.config.settings import EppConfig
 from extproc.core.datastore import Datastore, Endpoint, ModelServerMetrics, join_host_port
 from extproc.prefix.capacity import auto_tuned_capacity
 from extproc.prefix.index import PrefixIndex
+from extproc.scraping.http import MetricsHttp, ScrapeError
+from extproc.scraping.plan import ScrapePlan
 from extproc.scraping.prom_text import samples
 
 log = logging.getLogger("prefix_epp.scrape")
@@ -85,10 +100,13 @@ TTFT_SUM = b"vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = b"vllm:time_to_first_token_seconds_count"
 PROMPT_TOKENS = b"vllm:prompt_tokens_total"
 PROCESS_START = b"process_start_time_seconds"
+# The sample names the filtered URL asks for: every name parse_vllm_metrics reads (a new family is
+# one constant above, one entry here, and its lines in parse_vllm_metrics).
+FAMILIES = (WAITING, RUNNING, KV_USAGE, KV_USAGE_V0, CACHE_CONFIG, LORA_INFO, TTFT_SUM, TTFT_COUNT,
+            PROMPT_TOKENS, PROCESS_START)
 
 
-class ScrapeError(Exception):
-    pass
+__all__ = ["FAMILIES", "MetricsScraper", "ScrapeError", "family_query", "parse_vllm_metrics"]
 
 
 def _split_names(value: str) -> frozenset[str]:
@@ -100,6 +118,11 @@ def _int_label(labels: dict[str, str], key: str) -> int:
         return int(float(labels.get(key, "0")))
     except ValueError:
         return 0
+
+
+def family_query(families: tuple[bytes, ...] = FAMILIES) -> str:
+    """`?name[]=...&name[]=...`: prometheus_client's exposition then renders only these samples."""
+    return "?" + "&".join("name%5B%5D=" + quote(f.decode(), safe="") for f in families)
 
 
 def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
@@ -146,76 +169,122 @@ class MetricsScraper:
         self.datastore = datastore
         self.index = index
         self._clock = clock
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # the scrapes in progress
+        self._plan: ScrapePlan | None = None  # while run() is active
+        self._full_page: set[str] = set()  # endpoints whose filtered page lacked the load families
         self._capacity: dict[str, int] = {}
         self._failing: set[str] = set()
         self._capped: set[str] = set()  # endpoints whose capped cache config was logged
-        self._session: aiohttp.ClientSession | None = None
+        self._http: MetricsHttp | None = None  # while run() is active
         self.scrapes = 0  # attempts so far (tests, benchmarks)
         self.on_models: Callable[[frozenset[str]], None] | None = None  # engine-reported model names
         datastore.on_added(self._added)
         datastore.on_removed(self._removed)
+        datastore.on_acquired(self._touched)
+        self._query = family_query() if config.metrics_source.filter_families else ""
 
-    def _url(self, ep: Endpoint) -> str:
-        src = self.config.metrics_source
-        return f"{src.scheme}://{join_host_port(ep.address, ep.port)}{src.path}"
+    def _target(self, ep: Endpoint, filtered: bool = True) -> str:
+        query = self._query if filtered and ep.key not in self._full_page else ""
+        return f"{self.config.metrics_source.path}{query}"
+
+    def _url(self, ep: Endpoint, filtered: bool = True) -> str:
+        host = join_host_port(ep.address, ep.port)
+        return f"{self.config.metrics_source.scheme}://{host}{self._target(ep, filtered)}"
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds between two scrapes of one endpoint at the current pool size."""
+        return self._plan.interval() if self._plan is not None else self.config.refresh_metrics_interval_s
 
     def _added(self, ep: Endpoint) -> None:
-        if self._session is not None and ep.key not in self._tasks:
-            self._tasks[ep.key] = asyncio.get_running_loop().create_task(self._poll(ep))
+        if self._plan is not None:
+            self._plan.add(ep.key, self._clock())
+
+    def _touched(self, ep: Endpoint) -> None:
+        if self._plan is not None:
+            self._plan.touch(ep.key)
 
     def _removed(self, ep: Endpoint) -> None:
+        if self._plan is not None:
+            self._plan.remove(ep.key)
         task = self._tasks.pop(ep.key, None)
         if task is not None:
             task.cancel()
         self._capacity.pop(ep.key, None)
         self._failing.discard(ep.key)
         self._capped.discard(ep.key)
+        self._full_page.discard(ep.key)
 
     async def run(self) -> None:
         """Scrape until cancelled."""
         src = self.config.metrics_source
-        connector = aiohttp.TCPConnector(limit=0, ssl=not src.insecure_skip_verify)
-        timeout = aiohttp.ClientTimeout(total=self.config.scrape_timeout_s)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                              headers={"Accept-Encoding": "identity"}, auto_decompress=False)
+        self._http = MetricsHttp(src.scheme, src.insecure_skip_verify, self.config.scrape_timeout_s,
+                                 src.max_body_bytes)
+        plan = self._plan = ScrapePlan(self.config.refresh_metrics_interval_s, self.config.scrape_budget_per_s)
         try:
             for ep in self.datastore.snapshot():
                 self._added(ep)
-            await asyncio.Event().wait()
+            while True:
+                now = self._clock()
+                key = plan.start(now)
+                if key is None:
+                    # Sleep until the next start; at most one base interval, so an endpoint added or
+                    # touched meanwhile waits no longer than that.
+                    wait = plan.wait(now)
+                    base = plan.base_interval_s
+                    await asyncio.sleep(base if wait is None else min(wait, base))
+                    continue
+                target = self.datastore.get(key)
+                if target is None:
+                    plan.remove(key)
+                    continue
+                self._tasks[key] = asyncio.get_running_loop().create_task(self._scrape_planned(target))
         finally:
+            self._plan = None
             tasks = list(self._tasks.values())
             self._tasks.clear()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            session, self._session = self._session, None
-            await session.close()
+            http, self._http = self._http, None
+            await http.close()
 
-    async def _poll(self, ep: Endpoint) -> None:
-        interval = self.config.refresh_metrics_interval_s
-        url = self._url(ep)
-        next_at = self._clock()
-        while True:
-            try:
-                await self.scrape_once(ep, url)
-            except Exception:  # a fault in our own handling of a scrape: log it, keep polling
-                log.exception("metrics scrape handling failed", extra={"endpoint": ep.key})
-            next_at += interval
-            now = self._clock()
-            if next_at < now:
-                next_at = now
-            await asyncio.sleep(next_at - now)
+    async def _scrape_planned(self, ep: Endpoint) -> None:
+        try:
+            await self.scrape_once(ep)
+        except Exception:  # a fault in our own handling of a scrape: log it, keep scraping
+            log.exception("metrics scrape handling failed", extra={"endpoint": ep.key})
+        finally:
+            if self._tasks.get(ep.key) is asyncio.current_task():
+                del self._tasks[ep.key]
+            if self._plan is not None:
+                self._plan.done(ep.key, self._clock())
 
-    async def scrape_once(self, ep: Endpoint, url: str | None = None) -> ModelServerMetrics:
-        assert self._session is not None, "scrape_once needs run() to be active"
+    async def _fetch(self, ep: Endpoint, target: str) -> bytes:
+        assert self._http is not None
+        return await self._http.get(ep.key, ep.address, ep.port, join_host_port(ep.address, ep.port), target)
+
+    async def _fetch_and_parse(self, ep: Endpoint) -> ModelServerMetrics:
+        target = self._target(ep)
+        body = await self._fetch(ep, target)
+        try:
+            return parse_vllm_metrics(body, self._clock())
+        except ScrapeError:
+            full = self._target(ep, filtered=False)
+            if target == full:
+                raise
+        m = parse_vllm_metrics(await self._fetch(ep, full), self._clock())
+        self._full_page.add(ep.key)
+        log.info("the filtered metrics page lacks the load families; scraping the whole page",
+                 extra={"endpoint": ep.key})
+        return m
+
+    async def scrape_once(self, ep: Endpoint) -> ModelServerMetrics:
+        assert self._http is not None, "scrape_once needs run() to be active"
         self.scrapes += 1
         try:
-            async with self._session.get(url or self._url(ep), allow_redirects=False) as resp:
-                if resp.status != 200:
-                    raise ScrapeError(f"HTTP {resp.status}")
-                body = await self._read_bounded(resp)
-            m = parse_vllm_metrics(body, self._clock())
+            m = await self._fetch_and_parse(ep)
+            m.interval_s = self.interval_s
             self._cap(ep.key, m)
         except asyncio.CancelledError:
             raise
@@ -234,18 +303,6 @@ class MetricsScraper:
                 self.on_models(m.model_names | m.running_loras | m.waiting_loras)
         self.datastore.set_metrics(ep.key, m)
         return m
-
-    async def _read_bounded(self, resp: aiohttp.ClientResponse) -> bytes:
-        limit = self.config.metrics_source.max_body_bytes
-        if resp.content_length is not None and resp.content_length > limit:
-            raise ScrapeError(f"body of {resp.content_length} bytes, over {limit}")
-        chunks, size = [], 0
-        async for chunk in resp.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > limit:
-                raise ScrapeError(f"body over {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _cap(self, key: str, m: ModelServerMetrics) -> None:
         """Cap the reported cache config in place (see the module docstring); log the first time."""

@@ -109,6 +109,22 @@ def test_picker_breaks_ties_randomly_and_orders_fallbacks() -> None:
     assert picker.pick(eps, [0.1, 0.9, 0.5], 3) == [eps[1], eps[2], eps[0]]
 
 
+def test_picker_draws_fallbacks_uniformly_among_ties_and_ranks_nan_last() -> None:
+    ds = make_ds(6)
+    eps = ds.snapshot()
+    picker = MaxScorePicker(random.Random(0))
+    totals = [0.2, 0.9, 0.5, 0.5, 0.5, float("nan")]
+    seconds: Counter[str] = Counter()
+    for _ in range(300):
+        picked = picker.pick(eps, totals, 2)
+        assert picked[0] is eps[1] and picked[1] in (eps[2], eps[3], eps[4])
+        seconds[picked[1].key] += 1
+    assert all(60 < seconds[eps[i].key] < 140 for i in (2, 3, 4))  # each of the three ~100 times
+    assert picker.pick(eps, totals, 6)[-1] is eps[5] and len(picker.pick(eps, totals, 9)) == 6
+    assert picker.pick(eps, [float("nan")] * 6, 1)[0] in eps
+    assert picker.pick([], [], 1) == []
+
+
 def test_scheduler_records_decision_and_explains() -> None:
     ds = make_ds(2)
     ix = PrefixIndex(100)

@@ -100,6 +100,19 @@ def test_usable_metrics_window() -> None:
     assert usable_metrics(ep, NOW + 2.5, 2.0) is None
 
 
+def test_a_scrape_is_stale_past_two_of_its_intervals_when_that_is_longer_than_the_threshold() -> None:
+    """256 endpoints at the default scrape budget are each scraped every 512 ms: a 400 ms old scrape
+    is the last one, not a missing one, for the detector's 200 ms threshold; past two intervals it is
+    stale."""
+    ep = endpoints(fresh(1, interval_s=0.512))[0]
+    assert usable_metrics(ep, NOW + 0.4, 0.2) is ep.metrics
+    assert usable_metrics(ep, NOW + 1.05, 0.2) is None
+    det = UtilizationDetector(SaturationConfig(), clock)
+    assert det.endpoint_saturation(ep, NOW + 0.4) == pytest.approx(0.2)  # 1 waiting / 5, not saturated
+    small = endpoints(fresh(1, interval_s=0.05))[0]  # a small pool: the threshold rules
+    assert usable_metrics(small, NOW + 0.25, 0.2) is None
+
+
 def test_detector_formula_staleness_and_average() -> None:
     det = UtilizationDetector(SaturationConfig(), clock)
     old = fresh(0)
