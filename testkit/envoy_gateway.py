@@ -267,6 +267,22 @@ class EnvoyGatewayRig:
             _wait(lambda: self.ext_proc_hosts() == ready, f"Envoy's ext_proc cluster never held {ready}", 60,
                   lambda: self.envoy_admin("/clusters"))
 
+    def crash_picker(self, pod: Pod) -> None:
+        """The replica dies (SIGKILL) and nothing updates its Pod or EndpointSlice yet."""
+        assert self.cluster is not None and pod.proc is not None
+        pod.proc.stop(timeout=0.1)
+        self.picker_pods.remove(pod)
+        self.cluster.delete_pod(pod.name)
+
+    def ext_proc_health(self) -> dict[str, str]:
+        """{address: Envoy's health_flags} of the ext_proc cluster's hosts."""
+        out = {}
+        for line in self.envoy_admin("/clusters").splitlines():
+            parts = line.split("::")
+            if len(parts) > 3 and parts[0].startswith("envoyextensionpolicy/") and parts[2] == "health_flags":
+                out[parts[1].rsplit(":", 1)[0]] = parts[3]
+        return out
+
     def ext_proc_hosts(self) -> list[str]:
         """Addresses in the ext_proc cluster(s) Envoy Gateway configured for the picker."""
         hosts = set()

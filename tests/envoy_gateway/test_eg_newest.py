@@ -260,6 +260,26 @@ def test_replica_stopped_mid_traffic_loses_no_request(rig: EnvoyGatewayRig) -> N
     rig.start_pickers()
 
 
+def test_crashed_picker_is_left_out_by_envoys_health_check(rig: EnvoyGatewayRig) -> None:
+    """Envoy Gateway's ext_proc cluster has no health check of its own; the chart's active gRPC check
+    takes a crashed replica out before its EndpointSlice changes."""
+    crashed = rig.picker_pods[1]
+    assert rig.ext_proc_health()[crashed.ip] == "healthy"
+    rig.crash_picker(crashed)
+    try:
+        deadline = time.monotonic() + 30
+        while "failed_active_hc" not in rig.ext_proc_health()[crashed.ip]:
+            assert time.monotonic() < deadline, rig.ext_proc_health()
+            time.sleep(0.1)
+        oa = client(rig)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            codes = list(pool.map(lambda i: oa.completions.with_raw_response.create(
+                model="tiny", prompt=f"after the crash {i}", max_tokens=1).http_response.status_code, range(100)))
+        assert codes == [200] * 100
+    finally:
+        rig.start_pickers()
+
+
 def test_picker_down_fails_closed_with_a_5xx(rig: EnvoyGatewayRig) -> None:
     for pod in list(rig.picker_pods):
         rig.stop_picker(pod, signal.SIGKILL)
