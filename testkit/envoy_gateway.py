@@ -331,7 +331,7 @@ class EnvoyGatewayRig:
         assert cluster is not None
         deployment = cluster.wait_envoy_deployment(timeout=60)
         container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "envoy")
-        args = []
+        args: list[str] = []
         for arg in container["args"]:  # v1.5 writes "--flag value" as one argument, later ones two
             args += arg.split(" ", 1) if arg.startswith("--") and " " in arg.split("\n", 1)[0] else [arg]
         i = args.index("--config-yaml")
