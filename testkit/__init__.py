@@ -33,6 +33,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `netns` | a private network namespace for the calling thread; commands in private mount namespaces |
 | `envoy_gateway` | the chart beside a real Envoy Gateway controller and the Envoy it configured |
 | `eg_cluster` | that rig's Kubernetes side: API, CRDs, helm install, Pods and EndpointSlices |
+| `eg_envoy` | the arguments of the Envoy that Envoy Gateway configured, rewritten for the rig; its Envoy |
 | `eg_client` | OpenAI requests through that rig's Gateway and its pickers' /metrics |
 
 Data: `crds/apiserver/` (CRDs installed into the real kube-apiserver) and `crds/schemas/` (the
