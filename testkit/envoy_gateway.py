@@ -102,6 +102,7 @@ class EnvoyGatewayRig:
         self.bootstrap: dict[str, Any] = {}
         self._next_ip = 10
         self._picker_index = -1
+        self._free_picker_ips: list[str] = []
 
     # -- addresses ------------------------------------------------------------------------------
     def _address(self) -> str:
@@ -235,11 +236,15 @@ class EnvoyGatewayRig:
         pod.proc.popen.wait(timeout=60)
         pod.proc.stop()
         self.cluster.delete_pod(pod.name)
+        self._free_picker_ips = sorted([*self._free_picker_ips, pod.ip], key=_ip_order)
 
     def _start_picker(self, deployment: dict[str, Any], index: int) -> Pod:
         cluster = self.cluster
         assert cluster is not None
-        pod = Pod(f"{RELEASE}-prefix-epp-{index}", self._address())
+        # A restarted replica takes a freed address first: with the Backend path the hosts file maps
+        # the Service's name to the first replica's address, standing in for the Service's stable IP.
+        ip = self._free_picker_ips.pop(0) if self._free_picker_ips else self._address()
+        pod = Pod(f"{RELEASE}-prefix-epp-{index}", ip)
         spec = deployment["spec"]["template"]
         container = spec["spec"]["containers"][0]
         root = self.dir / pod.name
@@ -274,6 +279,7 @@ class EnvoyGatewayRig:
         pod.proc.stop(timeout=0.1)
         self.picker_pods.remove(pod)
         self.cluster.delete_pod(pod.name)
+        self._free_picker_ips = sorted([*self._free_picker_ips, pod.ip], key=_ip_order)
 
     def ext_proc_health(self) -> dict[str, str]:
         """{address: Envoy's health_flags} of the ext_proc cluster's hosts."""
@@ -351,6 +357,10 @@ def running_rig(workdir: Path, version: str, values: dict[str, Any], **kw: Any) 
         yield rig
     finally:
         rig.close()
+
+
+def _ip_order(ip: str) -> int:
+    return int(ip.rsplit(".", 1)[1])
 
 
 def _flag(args: list[str], name: str) -> str:

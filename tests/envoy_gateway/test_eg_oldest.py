@@ -4,7 +4,8 @@ a smaller set than test_eg_newest.py, with the values a user of that release giv
 Envoy Gateway v1.5 has no BackendTLSPolicy v1, so the picker is reached through an Envoy Gateway
 Backend with tls.insecureSkipVerify (its Backend API on, as the rig's controller config has it);
 that Backend names the picker Service's host name, which resolves to one address, so the rig runs
-one picker replica.
+one picker replica. The pool is fail-open (`inferencePool.failureMode: FailOpen`, which the chart
+maps to the EnvoyExtensionPolicy's failOpen).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ VERSION = Versions.load().eg_min
 VALUES: dict[str, Any] = {
     "replicas": 1,
     "picker": {"explainDecisions": True},
+    "inferencePool": {"failureMode": "FailOpen"},
     "envoyGateway": {"enabled": True, "version": VERSION, "envoyProxy": {"serviceType": "ClusterIP"},
                      "pickerTLS": {"insecureSkipVerify": True}},
 }
@@ -98,3 +100,24 @@ def test_typo_in_values_fails_at_helm_install_naming_it(rig: EnvoyGatewayRig) ->
     assert rig.cluster is not None
     proc = rig.cluster.helm_install({"envoyGateway": {"enabled": True, "verison": VERSION}}, release="typo")
     assert proc.returncode != 0 and "verison" in proc.stderr, proc.stderr
+
+
+def test_picker_down_fails_open_unsteered(rig: EnvoyGatewayRig) -> None:
+    """The picker crashes: requests go on without a decision (no decision header) to a model pod,
+    before and after its EndpointSlice empties (the Backend path resolves the Service's name; Envoy
+    Gateway reads no EndpointSlice for it)."""
+    [pod] = rig.picker_pods
+    rig.crash_picker(pod)
+    try:
+        for i in range(6):
+            if i == 3:
+                rig.publish_pickers(wait=False)  # the endpoints controller catches up: no picker
+            raw = client(rig).completions.with_raw_response.create(model="tiny", prompt=f"unsteered {i}",
+                                                                    max_tokens=1)
+            assert raw.http_response.status_code == 200
+            assert "x-prefix-epp-decision" not in raw.headers
+            assert raw.headers["x-served-by"] in {f"{p.ip}:8000" for p in rig.model_pods}
+    finally:
+        rig.start_pickers()
+    assert client(rig).completions.create(model="tiny", prompt="back", max_tokens=1).choices
+
