@@ -95,7 +95,6 @@ class EnvoyGatewayRig:
         self.procs: list[Proc] = []
         self.eg: Proc | None = None
         self.envoy: Proc | None = None
-        self.sim: Proc | None = None
         self.picker_pods: list[Pod] = []
         self.model_pods: list[Pod] = []
         self.envoy_args: list[str] = []
