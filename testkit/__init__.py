@@ -31,6 +31,11 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `vllm_env` | `make vllm`: vLLM's CPU build and the tiny model, cached outside the repository |
 | `tiny_model` | the tiny random Llama and its tokenizer, generated offline inside that environment |
 | `vllm` | real `vllm serve` engines on loopback addresses, one core each, stopped by PID |
+| `netns` | a private network namespace for the calling thread; commands in private mount namespaces |
+| `envoy_gateway` | the chart beside a real Envoy Gateway controller and the Envoy it configured |
+| `eg_cluster` | that rig's Kubernetes side: API, CRDs, helm install, Pods and EndpointSlices |
+| `eg_envoy` | the arguments of the Envoy that Envoy Gateway configured, rewritten for the rig; its Envoy |
+| `eg_client` | OpenAI requests through that rig's Gateway and its pickers' /metrics |
 
 Data: `crds/apiserver/` (CRDs installed into the real kube-apiserver) and `crds/schemas/` (the
 compressed upstream CRDs of the offline validation, `SOURCES.yaml`, and `vendor.py`, which

@@ -79,7 +79,7 @@ they agree): the oldest whose CRDs accept every object this chart renders, the o
 BackendTLSPolicy v1 (verified TLS to the picker), and the newest tested. */}}
 {{- define "prefix-epp.egMinVersion" -}}v1.5.0{{- end -}}
 {{- define "prefix-epp.egVerifiedTLSMinVersion" -}}v1.6.0{{- end -}}
-{{- define "prefix-epp.egNewestTested" -}}v1.9.0{{- end -}}
+{{- define "prefix-epp.egNewestTested" -}}v1.9.1{{- end -}}
 {{/* Inference Extension CRDs: InferencePool v1 with spec.appProtocol needs v1.4.0. */}}
 {{- define "prefix-epp.gieMinVersion" -}}v1.4.0{{- end -}}
 {{- define "prefix-epp.gieNewestTested" -}}v1.6.0{{- end -}}

@@ -10,7 +10,10 @@ manifests use is written as `<project>/<version>/<crd name>.yaml.gz`: the CRD's 
 exactly as upstream ships it (one document of a multi-document file where upstream bundles
 several), gzip-compressed to keep the repository small. `SOURCES.yaml` records, per file, the
 repository, tag, commit, upstream path and the SHA-256 of the uncompressed document, which the
-tests check on every run.
+tests check on every run. A tag the Envoy Gateway clone lacks is read from the Go module cache
+instead (`--eg-module-cache "$(go env GOMODCACHE)"`, after `bench/peers/build.sh envoy-gateway`
+downloaded it): the module zip holds the tag's tree, and the record names the module and its h1
+checksum in place of the commit.
 """
 
 from __future__ import annotations
@@ -76,19 +79,38 @@ def documents(text: str) -> list[str]:
     return [p if p.endswith("\n") else p + "\n" for p in (q.removeprefix("---\n") for q in parts)]
 
 
+def eg_module_source(cache: Path, src: Source) -> tuple[dict[str, str], str]:
+    """({module, module_sum}, text) of `src` read from the Go module cache's copy of the tag."""
+    module = f"github.com/{EG_REPO}@{src.version}"
+    ziphash = cache / "cache" / "download" / "github.com" / EG_REPO / "@v" / f"{src.version}.ziphash"
+    return ({"module": module, "module_sum": ziphash.read_text().strip()},
+            (cache / "github.com" / f"{EG_REPO}@{src.version}" / src.path).read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envoy-gateway", type=Path, required=True,
                         help="clone (or bare git dir) of envoyproxy/gateway")
     parser.add_argument("--inference-extension", type=Path, required=True,
                         help="clone (or bare git dir) of kubernetes-sigs/gateway-api-inference-extension")
+    parser.add_argument("--eg-module-cache", type=Path,
+                        help="Go module cache (`go env GOMODCACHE`) holding github.com/envoyproxy/gateway@<tag>: "
+                             "the source of a tag the clone lacks (the module zip is the tag's tree, verified by "
+                             "the checksum database; the record names the module and its h1 checksum)")
     args = parser.parse_args()
     dirs = {EG_REPO: args.envoy_gateway, GIE_REPO: args.inference_extension}
     records = []
     for src in sources():
         repo_dir = dirs[src.repo]
-        commit = git(repo_dir, "rev-parse", f"{src.version}^{{commit}}").strip()
-        for doc in documents(git(repo_dir, "show", f"{src.version}:{src.path}")):
+        origin: dict[str, str]
+        try:
+            origin = {"commit": git(repo_dir, "rev-parse", f"{src.version}^{{commit}}").strip()}
+            text = git(repo_dir, "show", f"{src.version}:{src.path}")
+        except subprocess.CalledProcessError:
+            if src.repo != EG_REPO or args.eg_module_cache is None:
+                raise
+            origin, text = eg_module_source(args.eg_module_cache, src)
+        for doc in documents(text):
             crd = yaml.safe_load(doc)
             name = crd["metadata"]["name"]
             if crd.get("kind") != "CustomResourceDefinition" or (src.crds and name not in src.crds):
@@ -98,7 +120,7 @@ def main() -> None:
             # mtime=0: the same input gives the same bytes, so regenerating changes nothing.
             target.write_bytes(gzip.compress(doc.encode(), compresslevel=9, mtime=0))
             records.append({"file": target.relative_to(HERE).as_posix(), "repository": src.repo,
-                            "tag": src.version, "commit": commit, "path": src.path,
+                            "tag": src.version, **origin, "path": src.path,
                             "sha256": hashlib.sha256(doc.encode()).hexdigest()})
     header = ("# Upstream CRDs vendored by testkit/crds/schemas/vendor.py (see its docstring).\n"
               "# sha256: of the uncompressed CRD document, as it appears in the upstream file at that tag.\n")
