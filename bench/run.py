@@ -60,12 +60,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.lib import sim_vllm, vllm_backend
+from bench.lib import llmd, sim_vllm, vllm_backend
 from bench.lib.aggregate import aggregate
 from bench.lib.go_epp import build_info as go_epp_build_info
 from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, vllm_oracle, workload_oracle
 from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetition_name, runs_dir, write_results
-from bench.lib.routers import ROUTERS, SimSettings, go_epp_available
+from bench.lib.routers import PICKER_TRANSPORT, ROUTERS, SimSettings, go_epp_available
 from bench.lib.runner import RouterSpec, run_retrying, sim_settings
 from bench.lib.tables import fmt
 from bench.lib.workloads import VLLM_WORKLOADS, WORKLOADS, Workload, build, build_vllm
@@ -160,6 +160,19 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             log(f"go-epp not run: {why}")
         else:
             config["go_epp_build"] = go_epp_build_info()
+    if any(r.name in llmd.SETUPS for r in routers):
+        why = llmd.unavailable()
+        if why:  # no LLMD_EPP binary: the table says llm-d was not run, and why
+            for r in routers:
+                if r.name in llmd.SETUPS:
+                    config.setdefault("not_run", {})[r.label] = why
+            routers = [r for r in routers if r.name not in llmd.SETUPS]
+            log(f"llm-d not run: {why}")
+        else:
+            config["llmd_build"] = llmd.build_info()
+    # Like for like between pickers: ext_proc TLS and KV events, which the table states.
+    config["pickers"] = {r.label: {"tls": PICKER_TRANSPORT[r.name][0], "kv_events": PICKER_TRANSPORT[r.name][1]}
+                         for r in routers if r.name in PICKER_TRANSPORT}
     candidates = candidates_of([r.label for r in routers])
     seeds = [seed + k for k in range(repeat)] if vary_seed else [seed] * repeat
     draws = {s: Draw.of(workloads, s, quick=quick, load=load, replicas=replicas, time_scale=time_scale,
