@@ -30,6 +30,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `vllm_env` | `make vllm`: vLLM's CPU build and the tiny model, cached outside the repository |
 | `tiny_model` | the tiny random Llama and its tokenizer, generated offline inside that environment |
 | `vllm` | real `vllm serve` engines on loopback addresses, one core each, stopped by PID |
+| `inference_perf_env` | inference-perf (the field's load generator) in its own Python >= 3.12 venv, cached |
 
 Data: `crds/apiserver/` (CRDs installed into the real kube-apiserver) and `crds/schemas/` (the
 compressed upstream CRDs of the offline validation, `SOURCES.yaml`, and `vendor.py`, which
