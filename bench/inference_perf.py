@@ -17,6 +17,7 @@ that fails (or whose inference-perf run has no success) is reported under "Not r
 
     python -m bench.inference_perf --repeat 3 --beside bench/results/llmd-shared-prefix.json
     python -m bench.inference_perf --quick --routers prefix-epp random   # ~2 min
+    python -m bench.inference_perf --render-only --beside bench/results/llmd-shared-prefix.json
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def ours(beside: Sequence[Path]) -> dict[str, dict[str, Any]]:
     """Our generator's shared-prefix means per router from bench.run results files."""
     out: dict[str, dict[str, Any]] = {}
     for path in beside:
+        if not path.is_file():
+            continue
         doc = json.loads(path.read_text())
         out |= doc.get("results", {}).get("shared-prefix", {})
     return out
@@ -164,9 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--beside", type=Path, nargs="*", default=[], help="bench.run results files to tabulate beside")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--name")
+    p.add_argument("--render-only", action="store_true", help="rewrite {name}.md from {name}.json (and --beside)")
     args = p.parse_args(argv)
     scale = ip.QUICK if args.quick else ip.SCALED
     name = args.name or ("inference-perf-quick" if args.quick else "inference-perf")
+    if args.render_only:
+        doc = json.loads((args.out_dir / f"{name}.json").read_text())
+        write(args.out_dir, name, doc["config"], doc["repetitions"], args.beside)
+        print((args.out_dir / f"{name}.md").read_text())
+        return 0
     model_dir = ensure_model().model
     ensure_inference_perf()
     config: dict[str, Any] = {"inference_perf": VERSION, "scale": asdict(scale), "published": ip.PUBLISHED,
