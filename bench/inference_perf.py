@@ -5,8 +5,9 @@ For each repetition (`--repeat`, repetition-major) and router (`--routers`, setu
 sized like our shared-prefix workload's, the router in front of them exactly as `bench.run`
 starts it, one probe request, then inference-perf (`testkit.inference_perf_env`, cached outside
 the repository) with the scaled published shared-prefix config (`bench.lib.inference_perf`),
-then everything stopped. The replicas, inference-perf and the prefix-epp pickers all count the
-tiny model's tokens (module docstring of `bench.lib.inference_perf`).
+then everything stopped. The replicas, inference-perf and the prefix-epp pickers all count with
+one tokenizer (`testkit.inference_perf_env.tokenizer_dir`; module docstring of
+`bench.lib.inference_perf`).
 
 Writes bench/results/{name}.json and {name}.md (name "inference-perf", or with --quick
 "inference-perf-quick"): every repetition's rows, the mean and min-max of TTFT and of the cached
@@ -42,15 +43,15 @@ from bench.lib.routers import KV_EVENT_ROUTERS, PICKER_TRANSPORT, PUBLISHING_ROU
 from bench.lib.runner import sim_settings
 from bench.lib.tables import fmt
 from bench.lib.workloads import SharedPrefixParams, shared_prefix
-from testkit.inference_perf_env import VERSION
+from testkit.inference_perf_env import VERSION, tokenizer_dir
 from testkit.inference_perf_env import ensure as ensure_inference_perf
-from testkit.vllm_env import ensure as ensure_model
 
 DEFAULT_ROUTERS = ("random", "round-robin", "prefix-epp", "sglang-router", "go-epp", "llm-d", "llm-d-precise")
 
 
 def run_router(router: str, tmp: Path, scale: ip.Scale, replicas: int, model_dir: Path) -> dict[str, Any]:
-    """One run (module docstring): fresh replicas, `router`, inference-perf; its report's row."""
+    """One run (module docstring): fresh replicas, `router`, inference-perf; its report's row.
+    `model_dir`: the tokenizer directory everyone counts with (tokenizer.json + tokenizer_config.json)."""
     tmp.mkdir(parents=True, exist_ok=True)
     tokenizer = str(model_dir / "tokenizer.json")
     # KV cache sized like bench.run's shared-prefix with the same group count and prompt sizes.
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write(args.out_dir, name, doc["config"], doc["repetitions"], args.beside)
         print((args.out_dir / f"{name}.md").read_text())
         return 0
-    model_dir = ensure_model().model
+    model_dir = tokenizer_dir()
     ensure_inference_perf()
     config: dict[str, Any] = {"inference_perf": VERSION, "scale": asdict(scale), "published": ip.PUBLISHED,
                               "replicas": args.replicas, "routers": args.routers, "not_run": {}}

@@ -6,6 +6,13 @@ project's own venv may be older) holding PyPI's `inference-perf==VERSION` and it
 The interpreter is `INFERENCE_PERF_PYTHON` when set, else the first of `python3.13`,
 `python3.12` on PATH (pyenv's shims included) or under ~/.pyenv/versions/.
 
+`tokenizer_dir()` writes the tokenizer the runs count with (`tokenizer/` beside the versions): a
+byte-level BPE over printable ASCII, newline and tab with no merges, so one character is one
+token and any token sequence decodes to text that encodes back to the same tokens. inference-perf
+builds prompts of an exact token length by decoding random token ids and re-counting; with a real
+model's merges (the tiny model's) 1,200- and 6,000-token prompts do not converge in its 20
+attempts, and it aborts.
+
 Cache: `${PREFIX_EPP_CACHE:-${XDG_CACHE_HOME:-~/.cache}/prefix-epp}/inference-perf/<VERSION>/`,
 outside the repository, keyed by the version; a lock file serialises concurrent builders, and a
 build counts once its BUILD-INFO is written (an interrupted one is started over). Nothing is
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -121,6 +129,39 @@ def ensure() -> InferencePerfEnv:
             f"inference-perf: {VERSION}\npython: {_version_of(python)}\ninterpreter: {python}\n"
             f"built in {time.monotonic() - started:.0f} s\n")
     return env
+
+
+def _byte_char(b: int) -> str:
+    """GPT-2's byte-to-character map (byte-level BPE), for the bytes used here."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    if b in printable:
+        return chr(b)
+    return chr(256 + [x for x in range(256) if x not in printable].index(b))
+
+
+def tokenizer_dir() -> Path:
+    """tokenizer.json + tokenizer_config.json of the ASCII byte-level tokenizer (module docstring)."""
+    out = cache_root() / "tokenizer-ascii-v1"
+    if (out / "tokenizer_config.json").is_file():
+        return out
+    alphabet = [9, 10, *range(32, 127)]
+    vocab = {_byte_char(b): i for i, b in enumerate(alphabet)}
+    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    doc = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+           "pre_tokenizer": level, "post_processor": None, "decoder": level,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                     "vocab": vocab, "merges": []}}
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "tokenizer.json").write_text(json.dumps(doc))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20,
+              "clean_up_tokenization_spaces": False}
+    (tmp / "tokenizer_config.json").write_text(json.dumps(config))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
 
 
 def main() -> int:

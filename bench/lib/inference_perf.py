@@ -8,11 +8,12 @@ QPS. `scaled_config` scales it to 2 cores the way `bench.lib.workloads` scales o
 shared-prefix's), 64 output tokens, and a shorter ladder (3, 6 and 10 QPS for 15 s each: our
 generator's peak rate, ~45 s of load).
 
-Tokens are the tiny model's (testkit/vllm_env.py: a byte-level BPE tokenizer.json +
-tokenizer_config.json, so generated text round-trips): inference-perf counts with that
-directory (no hub access), the replicas count with the same tokenizer.json (`prefix-epp sim
---tokenizer`), and so do the prefix-epp pickers (`--tokenizer`), so a 6000-token prompt is 6000
-tokens everywhere.
+Tokens: one tokenizer directory for everyone (`testkit.inference_perf_env.tokenizer_dir`: a
+byte-level BPE over printable ASCII without merges, so random token ids decode to text that
+encodes back to exactly them; with a real model's merges inference-perf cannot build a prompt of
+exactly 1200 or 6000 tokens and aborts). inference-perf counts with that directory (no hub
+access), the replicas count with its tokenizer.json (`prefix-epp sim --tokenizer`), and so do the
+prefix-epp pickers (`--tokenizer`), so a 6000-token prompt is 6000 tokens everywhere.
 
 Its quirks, handled here:
 - it exits 0 when every request fails: `read_report` takes the success and failure counts from

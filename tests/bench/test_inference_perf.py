@@ -15,12 +15,10 @@ import yaml
 
 from bench import inference_perf as cmd
 from bench.lib import inference_perf as ip
-from testkit.inference_perf_env import built
+from testkit.inference_perf_env import built, tokenizer_dir
 from testkit.procs import free_ports
-from testkit.vllm_env import built as vllm_built
 
-needs_env = pytest.mark.skipif(built() is None or vllm_built() is None,
-                               reason="inference-perf's environment or the tiny model is not built here")
+needs_env = pytest.mark.skipif(built() is None, reason="inference-perf's environment is not built here")
 TINY = ip.Scale(num_groups=3, num_prompts_per_group=2, system_prompt_len=600, question_len=100, output_len=8,
                 ladder_qps=(2.0,), stage_s=5)
 
@@ -31,6 +29,26 @@ def test_scaled_shape_keeps_the_published_prefill_with_fewer_groups_and_a_shorte
     assert s.num_groups < pub["num_groups"] and s.num_prompts_per_group == pub["num_prompts_per_group"]
     assert min(s.ladder_qps) == pub["ladder_qps_from"] and max(s.ladder_qps) <= 10 < pub["ladder_qps_to"]
     assert s.requests == 285 and s.duration_s == 45
+
+
+@needs_env
+@pytest.mark.timeout(180)
+def test_the_shared_tokenizer_lets_inference_perf_build_the_full_scaled_prompts(tmp_path: Path) -> None:
+    """Exact-length prompts of 6000 + 1200 tokens, built by inference-perf's own generator."""
+    env = built()
+    assert env is not None
+    config = ip.scaled_config(ip.Scale(num_groups=2, num_prompts_per_group=2), "http://127.0.0.1:1", tokenizer_dir(),
+                              tmp_path / "out")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    check = ("from inference_perf.config import read_config; "
+             "from inference_perf.utils.custom_tokenizer import CustomTokenizer; "
+             "from inference_perf.datagen.synthetic.shared_prefix_datagen import SharedPrefixDataGenerator; "
+             f"c = read_config({str(path)!r}); t = CustomTokenizer(c.tokenizer); "
+             "SharedPrefixDataGenerator(c.api, c.data, t); print('built')")
+    out = subprocess.run([str(env.python), "-c", check], capture_output=True, text=True, timeout=150, check=False,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
+    assert out.returncode == 0 and out.stdout.split()[-1] == "built", out.stderr[-2000:]
 
 
 @needs_env
@@ -50,10 +68,10 @@ def test_config_is_accepted_by_inference_perfs_own_loader(tmp_path: Path) -> Non
 @needs_env
 @pytest.mark.timeout(180)
 def test_total_failure_exits_zero_and_is_caught(tmp_path: Path) -> None:
-    env, model = built(), vllm_built()
-    assert env is not None and model is not None
+    env = built()
+    assert env is not None
     [port] = free_ports(1)  # nothing listens there: every request fails
-    config = ip.scaled_config(TINY, f"http://127.0.0.1:{port}", model.model, tmp_path / "report")
+    config = ip.scaled_config(TINY, f"http://127.0.0.1:{port}", tokenizer_dir(), tmp_path / "report")
     with pytest.raises(ip.RunFailed, match="no request succeeded"):  # not "exited": it exits 0
         ip.run(env, config, tmp_path, 120)
 
@@ -63,9 +81,7 @@ def test_total_failure_exits_zero_and_is_caught(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("router", ["random", "prefix-epp"])
 def test_inference_perf_through_a_router_reads_its_own_report(router: str, tmp_path: Path) -> None:
-    model = vllm_built()
-    assert model is not None
-    row = cmd.run_router(router, tmp_path / router, TINY, 2, model.model)
+    row = cmd.run_router(router, tmp_path / router, TINY, 2, tokenizer_dir())
     assert row["successes"] == row["requests"] == 10 and row["failures"] == 0
     assert 0 < row["ttft_ms"]["p50"] <= row["ttft_ms"]["p99"]
     assert 0 < row["cached_share"] < 1  # 3 system prompts over 10 requests: some reuse, never all
