@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 VERSION = "0.7.0"
 MIN_PYTHON = (3, 12)
@@ -147,7 +148,8 @@ def tokenizer_dir() -> Path:
     alphabet = [9, 10, *range(32, 127)]
     vocab = {_byte_char(b): i for i, b in enumerate(alphabet)}
     level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    doc = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+    doc: dict[str, Any] = {
+           "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
            "pre_tokenizer": level, "post_processor": None, "decoder": level,
            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
