@@ -20,7 +20,12 @@ then KILL). Setups, all in front of the same replicas:
   default configuration, behind Envoy with the reference ext_proc modes (full-duplex request and
   response bodies) and the same override_host cluster, reading its pool and pods from a real
   kube-apiserver (`bench.lib.go_epp`). Available when Go is installed or the
-  binary is already cached (`go_epp_available`).
+  binary is already cached (`go_epp_available`). Plaintext ext_proc, like every picker here
+  (`PICKER_TRANSPORT`, which the report states).
+- `llm-d`, `llm-d-precise`: llm-d's router (the binary `LLMD_EPP` names; `bench.lib.llmd`) with
+  its default profile, or with its precise-prefix pipeline on the replicas' KV events plus its
+  token-aware load; the same kube-apiserver discovery and Envoy wiring as `go-epp`. The replicas
+  publish KV events for `llm-d-precise` (`PUBLISHING_ROUTERS`).
 - `sglang-router`: sglang-router 0.3.2, `--policy cache_aware` with its defaults, `--host
   127.0.0.1` and its own `--prometheus-port`. The simulator serves no /server_info or
   /model_info, so the router finds no model path and downloads no tokenizer (it logs "No

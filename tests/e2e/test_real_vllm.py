@@ -257,7 +257,8 @@ async def test_simulator_renders_and_publishes_as_the_real_engine(both: list[Eng
                 for a, b in zip(real if isinstance(real, list) else [real], ours if isinstance(ours, list) else [ours],
                                 strict=True):
                     assert list(a) == list(b) and a["token_ids"] == b["token_ids"], path
-                    assert a["sampling_params"] == b["sampling_params"] and a["stream_options"] == b["stream_options"]
+                    assert a["sampling_params"] == b["sampling_params"], (path, a["sampling_params"])
+                    assert a["stream_options"] == b["stream_options"], path
             assert sim.publisher is not None
             events = []
             for endpoint, on_engine in ((f"tcp://{engine.address}:{engine.events_port}", True),
