@@ -44,6 +44,10 @@ engines is reported under "Not run" with its error and skipped for the rest of t
     python -m bench.run --workloads cache-pressure shared-prefix --routers prefix-epp prefix-epp-precise \\
         --closed-loop --name bench-precise     # precise vs approximate (KV events, closed-loop accuracy)
     python -m bench.run --backend vllm --repeat 3   # 3 workloads x 7 routers on 2 real engines, ~45 min
+    LLMD_EPP=/path/to/epp python -m bench.run --workloads shared-prefix --routers prefix-epp llm-d llm-d-precise
+
+llm-d's router runs from the binary LLMD_EPP names (`bench.lib.llmd`); without it, and go-epp
+without Go or a cached build, the report lists the setup under "Not run" with why.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ from testkit.vllm import NUM_BLOCKS
 from testkit.vllm_env import ensure
 
 DEFAULT_REPLICAS = 4
-# `make bench`: go-epp and prefix-epp-precise run when named (--routers), not by default.
+# `make bench`: go-epp, llm-d, llm-d-precise and prefix-epp-precise run when named (--routers), not by default.
 DEFAULT_ROUTERS = ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-weighted", "sglang-router",
                    "clairvoyant")
 BACKENDS = ("sim", "vllm", "sim-vllm")
