@@ -29,42 +29,56 @@ from prefix_epp_sim.openai_api import ApiError, Kind, prompt_token_ids, resolve_
 
 MAX_BATCH = 64  # prompts per completions render request (bounded; vLLM has no such limit)
 
-# vLLM 0.32's SamplingParams as its render routes return them (msgspec, defaults omitted): these
-# keys always, in this order; `max_tokens` only when the body asks for a number of tokens;
-# `output_kind` 1 (deltas) when streaming, 2 (final only) otherwise.
-SAMPLING_ALWAYS: dict[str, Any] = {
-    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "temperature": 1.0,
-    "top_p": 1.0, "min_p": 0.0, "stop": [], "stop_token_ids": [],
-}
-SAMPLING_TAIL: dict[str, Any] = {"skip_clone": True, "bad_words": [], "skip_reading_prefix_cache": False}
-# Fields that appear only when the body sets them to something other than vLLM's default.
-SAMPLING_OPTIONAL: dict[str, Any] = {"n": 1, "seed": None, "top_k": 0, "ignore_eos": False, "min_tokens": 0,
-                                     "logprobs": None, "prompt_logprobs": None, "skip_special_tokens": True,
-                                     "spaces_between_special_tokens": True, "include_stop_str_in_output": False}
+# vLLM 0.32's SamplingParams as its render routes return them (msgspec, in its field order). Always
+# there: the penalties and temperature (floats), stop and stop_token_ids, output_kind (1 deltas when
+# streaming, 2 final only), skip_clone, bad_words, skip_reading_prefix_cache. top_p and min_p too,
+# except for greedy sampling (temperature 0), where vLLM resets them to their defaults and they go.
+# The other fields appear only when the body sets them off vLLM's default; max_tokens only when the
+# body asks for a number of tokens. Checked against the real engine (tests/simulator/test_render.py).
+FLOATS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "temperature": 1.0}
+OPTIONAL_BEFORE_STOP = {"seed": None}
+OPTIONAL_AFTER_STOP = {"ignore_eos": False}
+OPTIONAL_AFTER_MAX = {"min_tokens": 0, "logprobs": None, "prompt_logprobs": None, "skip_special_tokens": True,
+                      "spaces_between_special_tokens": True, "include_stop_str_in_output": False}
+TAIL = {"skip_clone": True, "bad_words": [], "skip_reading_prefix_cache": False}
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS
 OUTPUT_KIND_DELTA, OUTPUT_KIND_FINAL = 1, 2
 
 
+def _number(body: Mapping[str, Any], key: str, default: float) -> float:
+    value = body.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _set_off_default(out: dict[str, Any], body: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
+    for key, default in fields.items():
+        if body.get(key) is not None and body.get(key) != default:
+            out[key] = body[key]
+
+
 def sampling_params(body: Mapping[str, Any], kind: Kind, stream: bool) -> dict[str, Any]:
-    """The sampling parameters vLLM 0.32 resolves from `body`, in its render shape (SAMPLING_ALWAYS)."""
-    out = dict(SAMPLING_ALWAYS)
-    for key in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p"):
-        if isinstance(body.get(key), (int, float)) and not isinstance(body.get(key), bool):
-            out[key] = float(body[key])
+    """The sampling parameters vLLM 0.32 resolves from `body`, in its render shape (see above)."""
+    out: dict[str, Any] = {key: _number(body, key, default) for key, default in FLOATS.items()}
+    greedy = out["temperature"] < GREEDY_BELOW
+    if not greedy:
+        out["top_p"] = _number(body, "top_p", 1.0)
+        _set_off_default(out, body, {"top_k": 0})
+        out["min_p"] = _number(body, "min_p", 0.0)
+    _set_off_default(out, body, OPTIONAL_BEFORE_STOP)
     stop = body.get("stop")
     out["stop"] = [stop] if isinstance(stop, str) else [x for x in stop if isinstance(x, str)] \
         if isinstance(stop, list) else []
     ids = body.get("stop_token_ids")
     out["stop_token_ids"] = [t for t in ids if type(t) is int] if isinstance(ids, list) else []
+    _set_off_default(out, body, OPTIONAL_AFTER_STOP)
     requested = body.get("max_completion_tokens") if kind == "chat" else None
     if requested is None:
         requested = body.get("max_tokens")
     if type(requested) is int:
         out["max_tokens"] = requested
-    for key, default in SAMPLING_OPTIONAL.items():
-        if body.get(key) is not None and body.get(key) != default:
-            out[key] = body[key]
+    _set_off_default(out, body, OPTIONAL_AFTER_MAX)
     out["output_kind"] = OUTPUT_KIND_DELTA if stream else OUTPUT_KIND_FINAL
-    return out | SAMPLING_TAIL
+    return out | TAIL
 
 
 def _stream_options(body: Mapping[str, Any], stream: bool) -> dict[str, Any] | None:

@@ -59,6 +59,26 @@ async def test_completions_render_matches_vllm_and_tokenize() -> None:
     assert cached_after == 0  # rendering queues nothing and stores no block
 
 
+async def test_sampling_params_follow_vllms_rules_for_greedy_and_set_fields() -> None:
+    """vLLM 0.32's answers for these bodies (captured from the real engine)."""
+    async with run_replicas(CFG, 1, base_port=0) as [rep], aiohttp.ClientSession() as s:
+        _, [greedy] = await post(s, rep.url + "/v1/completions/render", {
+            "model": "sim-model", "prompt": "hello world", "max_tokens": 2, "temperature": 0})
+        _, [tuned] = await post(s, rep.url + "/v1/completions/render", {
+            "model": "sim-model", "prompt": "hello", "temperature": 0.7, "top_k": 5, "seed": 3, "ignore_eos": True,
+            "n": 1, "stop": ["x"]})
+    assert greedy["sampling_params"] == {
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "temperature": 0.0, "stop": [],
+        "stop_token_ids": [], "max_tokens": 2, "output_kind": 2, "skip_clone": True, "bad_words": [],
+        "skip_reading_prefix_cache": False}
+    assert list(tuned["sampling_params"]) == [
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k", "min_p",
+        "seed", "stop", "stop_token_ids", "ignore_eos", "output_kind", "skip_clone", "bad_words",
+        "skip_reading_prefix_cache"]
+    assert tuned["sampling_params"]["top_k"] == 5 and tuned["sampling_params"]["seed"] == 3
+    assert tuned["sampling_params"]["stop"] == ["x"] and tuned["sampling_params"]["temperature"] == 0.7
+
+
 async def test_chat_render_applies_the_template_like_chat_completions() -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
     async with run_replicas(CFG, 1, base_port=0) as [rep], aiohttp.ClientSession() as s:
