@@ -44,6 +44,10 @@ engines is reported under "Not run" with its error and skipped for the rest of t
     python -m bench.run --workloads cache-pressure shared-prefix --routers prefix-epp prefix-epp-precise \\
         --closed-loop --name bench-precise     # precise vs approximate (KV events, closed-loop accuracy)
     python -m bench.run --backend vllm --repeat 3   # 3 workloads x 7 routers on 2 real engines, ~45 min
+    LLMD_EPP=/path/to/epp python -m bench.run --workloads shared-prefix --routers prefix-epp llm-d llm-d-precise
+
+llm-d's router runs from the binary LLMD_EPP names (`bench.lib.llmd`); without it, and go-epp
+without Go or a cached build, the report lists the setup under "Not run" with why.
 """
 
 from __future__ import annotations
@@ -60,12 +64,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.lib import sim_vllm, vllm_backend
+from bench.lib import llmd, sim_vllm, vllm_backend
 from bench.lib.aggregate import aggregate
 from bench.lib.go_epp import build_info as go_epp_build_info
 from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, vllm_oracle, workload_oracle
 from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetition_name, runs_dir, write_results
-from bench.lib.routers import ROUTERS, SimSettings, go_epp_available
+from bench.lib.routers import PICKER_TRANSPORT, ROUTERS, SimSettings, go_epp_available
 from bench.lib.runner import RouterSpec, run_retrying, sim_settings
 from bench.lib.tables import fmt
 from bench.lib.workloads import VLLM_WORKLOADS, WORKLOADS, Workload, build, build_vllm
@@ -74,7 +78,7 @@ from testkit.vllm import NUM_BLOCKS
 from testkit.vllm_env import ensure
 
 DEFAULT_REPLICAS = 4
-# `make bench`: go-epp and prefix-epp-precise run when named (--routers), not by default.
+# `make bench`: go-epp, llm-d, llm-d-precise and prefix-epp-precise run when named (--routers), not by default.
 DEFAULT_ROUTERS = ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-weighted", "sglang-router",
                    "clairvoyant")
 BACKENDS = ("sim", "vllm", "sim-vllm")
@@ -160,6 +164,19 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             log(f"go-epp not run: {why}")
         else:
             config["go_epp_build"] = go_epp_build_info()
+    if any(r.name in llmd.SETUPS for r in routers):
+        why = llmd.unavailable()
+        if why:  # no LLMD_EPP binary: the table says llm-d was not run, and why
+            for r in routers:
+                if r.name in llmd.SETUPS:
+                    config.setdefault("not_run", {})[r.label] = why
+            routers = [r for r in routers if r.name not in llmd.SETUPS]
+            log(f"llm-d not run: {why}")
+        else:
+            config["llmd_build"] = llmd.build_info()
+    # Like for like between pickers: ext_proc TLS and KV events, which the table states.
+    config["pickers"] = {r.label: {"tls": PICKER_TRANSPORT[r.name][0], "kv_events": PICKER_TRANSPORT[r.name][1]}
+                         for r in routers if r.name in PICKER_TRANSPORT}
     candidates = candidates_of([r.label for r in routers])
     seeds = [seed + k for k in range(repeat)] if vary_seed else [seed] * repeat
     draws = {s: Draw.of(workloads, s, quick=quick, load=load, replicas=replicas, time_scale=time_scale,

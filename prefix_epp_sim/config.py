@@ -71,7 +71,7 @@ class SimConfig:
     kv_events_replay_endpoint: str | None = None  # single replica; default: replay off
     kv_events_replay_port_base: int | None = None  # replica i replays on base + i; 0 = ephemeral
     kv_events_topic: str | None = None  # default kv@<host:port>@<served model name>
-    kv_events_encoding: KVEventsEncoding = "array"
+    kv_events_encoding: KVEventsEncoding = "map"  # vLLM 0.32's (prefix_epp_sim.kv_publisher)
     kv_events_connect: bool = False  # connect the PUB socket to a central SUB instead of binding
     kv_events_buffer_steps: int = 10_000  # batches kept for replay
     kv_events_hwm: int = 100_000

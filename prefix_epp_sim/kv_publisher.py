@@ -6,20 +6,30 @@ Transport
 
         [topic (UTF-8), sequence (8-byte big-endian, 0, 1, 2, ... per publisher), msgpack EventBatch]
 
-    Sends never wait: the PUB socket drops at its high-water mark (`hwm`), as in vLLM.
-    The last `buffer_steps` batches are kept for replay. With `replay_endpoint`, a ROUTER
-    socket answers a client that sends its start sequence (8-byte big-endian; a REQ client's
-    empty delimiter frame is honoured) with one `[topic, seq, payload]` reply per buffered batch
-    whose sequence is >= start, then the end marker `[b"", -1 (signed 8-byte), b""]`: vLLM's framing.
+    The topic is the configured one, verbatim (vLLM's `--kv-events-config` "topic"; the replicas
+    default to llm-d's documented form `kv@<host:port>@<model>`, which llm-d's router filters
+    on with "kv@" and reads the model from). Sends never wait: the PUB socket drops at its
+    high-water mark (`hwm`), as in vLLM. The last `buffer_steps` batches are kept for replay.
+
+Replay (vLLM 0.32's ROUTER framing, checked against the real engine)
+    With `replay_endpoint`, a ROUTER socket takes a request of exactly three frames
+    `[identity, b"", start]` (a DEALER that sends an empty delimiter, or a REQ socket), start
+    being an unsigned 8-byte big-endian sequence; anything else is logged and left unanswered,
+    as vLLM does. The answer is one `[identity, b"", topic, seq, payload]` per buffered batch
+    whose sequence is >= start, then the end marker `[identity, b"", b"", -1 (signed 8-byte), b""]`.
 
 Payload (msgpack; vLLM's msgspec structs)
-    EventBatch = [ts (unix seconds, float), [event, ...], data_parallel_rank (None)]
-    encoding "array" (vLLM's array_like tagged tuples):
+    EventBatch = [ts (unix seconds, float), [event, ...], data_parallel_rank (0)]
+    encoding "map" (the default; what vLLM 0.32 sends: tagged structs as maps, defaults omitted):
+        {"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+         "lora_id", "medium": "GPU", "lora_name", "extra_keys": [None per block], "group_idx": 0,
+         "kv_cache_spec_kind": "full_attention"}
+        {"type": "BlockRemoved", "block_hashes", "medium": "GPU", "group_idx": 0}
+        {"type": "AllBlocksCleared"}
+    encoding "array" (older vLLM's array_like tagged tuples):
         ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, "GPU"(, lora_name)]
         ["BlockRemoved", block_hashes, "GPU"]
         ["AllBlocksCleared"]
-    encoding "map" (recent vLLM / Dynamo's documented form): the same fields as a map with a
-        "type" key, e.g. {"type": "BlockRemoved", "block_hashes": [...], "medium": "GPU"}.
     Block hashes are unsigned 64-bit integers (see `prefix_epp_sim.kvcache.hash_blocks`).
 """
 
@@ -43,19 +53,20 @@ log = logging.getLogger(__name__)
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 MEDIUM = "GPU"
+GROUP = 0  # the KV-cache group of a plain decoder's one full-attention group
+SPEC_KIND = "full_attention"
 
 
 def encode_event(event: KVEvent, encoding: KVEventsEncoding) -> Any:
     if isinstance(event, BlockStored):
         if encoding == "map":
-            fields: dict[str, Any] = {
+            return {
                 "type": "BlockStored", "block_hashes": event.block_hashes,
                 "parent_block_hash": event.parent_block_hash, "token_ids": event.token_ids,
                 "block_size": event.block_size, "lora_id": event.lora_id, "medium": MEDIUM,
+                "lora_name": event.lora_name, "extra_keys": [None] * len(event.block_hashes),
+                "group_idx": GROUP, "kv_cache_spec_kind": SPEC_KIND,
             }
-            if event.lora_name is not None:
-                fields["lora_name"] = event.lora_name
-            return fields
         row: list[Any] = ["BlockStored", event.block_hashes, event.parent_block_hash, event.token_ids,
                           event.block_size, event.lora_id, MEDIUM]
         if event.lora_name is not None:
@@ -63,7 +74,7 @@ def encode_event(event: KVEvent, encoding: KVEventsEncoding) -> Any:
         return row
     if isinstance(event, BlockRemoved):
         if encoding == "map":
-            return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": MEDIUM}
+            return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": MEDIUM, "group_idx": GROUP}
         return ["BlockRemoved", event.block_hashes, MEDIUM]
     if isinstance(event, AllBlocksCleared):
         return {"type": "AllBlocksCleared"} if encoding == "map" else ["AllBlocksCleared"]
@@ -71,7 +82,7 @@ def encode_event(event: KVEvent, encoding: KVEventsEncoding) -> Any:
 
 
 def encode_batch(events: list[KVEvent], encoding: KVEventsEncoding, ts: float,
-                 data_parallel_rank: int | None = None) -> bytes:
+                 data_parallel_rank: int | None = 0) -> bytes:
     payload: bytes = msgpack.packb([ts, [encode_event(e, encoding) for e in events], data_parallel_rank])
     return payload
 
@@ -81,7 +92,7 @@ class KVEventPublisher:
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, topic: str, *,
                  encoding: KVEventsEncoding, buffer_steps: int, hwm: int, connect: bool,
-                 replay_endpoint: str | None = None, data_parallel_rank: int | None = None) -> None:
+                 replay_endpoint: str | None = None, data_parallel_rank: int | None = 0) -> None:
         """`encoding`, `buffer_steps`, `hwm` and `connect`: SimConfig's kv_events_* fields."""
         self.topic = topic
         self.encoding: KVEventsEncoding = encoding
@@ -169,11 +180,13 @@ class KVEventPublisher:
         while True:
             try:
                 frames = await router.recv_multipart()
-                if len(frames) not in (2, 3) or len(frames[-1]) != 8:
+                # vLLM answers only [identity, empty delimiter, start]; a DEALER that sends no
+                # delimiter gets nothing from the real engine, so it gets nothing here either.
+                if len(frames) != 3 or frames[1] or len(frames[2]) != 8:
                     log.warning("kv_events_replay_bad_request", extra={"frames": len(frames)})
                     continue
-                head = frames[:-1]  # identity, plus the empty delimiter when the client added one
-                start = int.from_bytes(frames[-1], "big", signed=True)
+                head = frames[:2]
+                start = int.from_bytes(frames[2], "big")
                 # vLLM's reply framing: the topic frame as on the PUB socket, an empty one at the end.
                 for seq, payload in [item for item in self._buffer if item[0] >= start]:
                     await router.send_multipart([*head, self._topic, seq.to_bytes(8, "big"), payload])

@@ -148,6 +148,14 @@ def _prompt_tokens(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> li
                    "supported).", "prompt")
 
 
+def prompt_token_ids(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> list[int]:
+    """The prompt's token ids exactly as a generation request of `kind` would count them (non-empty)."""
+    tokens = _prompt_tokens(body, kind, config)
+    if not tokens:
+        raise ApiError("bad_request", "The prompt cannot be empty.", "prompt")
+    return tokens
+
+
 def _optional_int(body: Mapping[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:
@@ -161,9 +169,7 @@ def parse_generation(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> 
     model = body.get("model")
     lora = resolve_model(model, config)
     assert isinstance(model, str)
-    tokens = _prompt_tokens(body, kind, config)
-    if not tokens:
-        raise ApiError("bad_request", "The prompt cannot be empty.", "prompt")
+    tokens = prompt_token_ids(body, kind, config)
     requested = _optional_int(body, "max_completion_tokens") if kind == "chat" else None
     if requested is None:
         requested = _optional_int(body, "max_tokens")

@@ -6,6 +6,9 @@ and one aiohttp site; replicas share only the event loop and the ZeroMQ context.
 Routes (vLLM's):
   POST /v1/completions, /v1/chat/completions   streaming (SSE, `data: [DONE]`) or not
   POST /v1/messages, /v1/responses              served as the chat request vLLM renders (shapes.py)
+  POST /v1/completions/render, /v1/chat/completions/render
+                                                 the prompt's token ids, not generated
+                                                 (`prefix_epp_sim.render`, vLLM 0.32's shapes)
   POST /tokenize                                 {"count", "max_model_len", "tokens", "token_strs"}
   POST /reset_prefix_cache                       forget cached blocks, publish AllBlocksCleared
   GET  /v1/models, /health, /metrics
@@ -55,6 +58,7 @@ from prefix_epp_sim.openai_api import (
     usage,
 )
 from prefix_epp_sim.shapes import as_chat
+from prefix_epp_sim.render import render_chat, render_completions
 from prefix_epp_sim.vllm_metrics import CONTENT_TYPE, build_registry, render
 
 log = logging.getLogger(__name__)
@@ -162,6 +166,8 @@ class Replica:
         app.router.add_post("/v1/chat/completions", _api(self._chat))
         app.router.add_post("/v1/messages", _api(self._messages))
         app.router.add_post("/v1/responses", _api(self._responses))
+        app.router.add_post("/v1/completions/render", _api(self._render_completions))
+        app.router.add_post("/v1/chat/completions/render", _api(self._render_chat))
         app.router.add_post("/tokenize", _api(self._tokenize))
         app.router.add_post("/reset_prefix_cache", self._reset)
         app.router.add_get("/v1/models", self._models)
@@ -240,6 +246,14 @@ class Replica:
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         return _json(tokenize_body(parse_json(await request.read()), self.config))
+
+    async def _render_completions(self, request: web.Request) -> web.Response:
+        self._check_ready()
+        return _json(render_completions(parse_json(await request.read()), self.config))
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        self._check_ready()
+        return _json(render_chat(parse_json(await request.read()), self.config))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completion")

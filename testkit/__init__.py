@@ -36,6 +36,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `eg_cluster` | that rig's Kubernetes side: API, CRDs, helm install, Pods and EndpointSlices |
 | `eg_envoy` | the arguments of the Envoy that Envoy Gateway configured, rewritten for the rig; its Envoy |
 | `eg_client` | OpenAI requests through that rig's Gateway and its pickers' /metrics |
+| `inference_perf_env` | inference-perf (the field's load generator) in its own Python >= 3.12 venv, cached |
 
 Data: `crds/apiserver/` (CRDs installed into the real kube-apiserver) and `crds/schemas/` (the
 compressed upstream CRDs of the offline validation, `SOURCES.yaml`, and `vendor.py`, which

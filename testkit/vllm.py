@@ -11,7 +11,11 @@ benchmark needs it:
 - `--enable-prompt-tokens-details`: `usage.prompt_tokens_details.cached_tokens` in every answer;
 - KV events on a ZeroMQ PUB socket and a replay ROUTER socket. Their endpoints are `tcp://*:PORT`:
   an endpoint that names a host makes vLLM's PUB socket connect instead of bind, so each engine
-  takes its own ports, and the picker is told them per endpoint (`Engine.spec`);
+  takes its own ports, and the picker is told them per endpoint (`Engine.spec`). The topic is
+  `kv@<address:port>@<served model name>` (vLLM's default is empty; llm-d's router subscribes
+  to "kv@" and reads the model from the topic), as the simulator's;
+- `--enable-scale-out`: vLLM's render routes (`/v1/completions/render`,
+  `/v1/chat/completions/render`; without it they answer 403), which llm-d's router tokenizes with;
 - one core each (`VLLM_CPU_OMP_THREADS_BIND`, round robin over the machine's cores), TMPDIR and
   VLLM_CACHE_ROOT under the test's directory, no usage reporting, no hub access;
 - `VLLM_SERVER_DEV_MODE=1`, for POST /reset_prefix_cache (a benchmark starts every router on cold
@@ -72,13 +76,17 @@ class Engine:
         return f"tcp://{self.address}:{self.events_port}@tcp://{self.address}:{self.replay_port}"
 
     @property
+    def topic(self) -> str:
+        return f"kv@{self.key}@{self.served_model_name}"
+
+    @property
     def spec(self) -> str:
         """`--endpoints` entry with the engine's KV-event and replay sockets."""
         return f"{self.key}@{self.events}"
 
     def args(self) -> list[str]:
         events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{self.events_port}",
-                  "replay_endpoint": f"tcp://*:{self.replay_port}"}
+                  "replay_endpoint": f"tcp://*:{self.replay_port}", "topic": self.topic}
         return [str(self.env.vllm), "serve", str(self.env.model), "--served-model-name", self.served_model_name,
                 "--host", self.address, "--port", str(self.port), "--block-size", str(BLOCK_SIZE),
                 "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),

@@ -68,6 +68,15 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     reps = f"mean (min-max) of {len(repetitions)} repetitions; " if len(repetitions) > 1 else ""
     md = [header(config, reps), ""]
     md += [f"Not run: {router}: {why}." for router, why in config.get("not_run", {}).items()]
+    build = config.get("llmd_build")
+    if build:
+        md += [f"llm-d router: {build.get('version', '?')} (commit {build.get('commit', '?')[:8]}), "
+               f"`{build.get('command', build.get('binary', ''))}`, {build.get('go', '')}."]
+    pickers = config.get("pickers", {})
+    if pickers:
+        md += ["", "Pickers, like for like: " + "; ".join(
+            f"{r}: ext_proc {'TLS' if p['tls'] else 'plaintext'}, KV events {p['kv_events']}"
+            for r, p in pickers.items()) + "."]
     md += ["", results_table(means, rates, shown), "", "Targets (on the means):", "", targets_table(targets), ""]
     relative = clairvoyant_table(means)
     if relative:

@@ -20,7 +20,12 @@ then KILL). Setups, all in front of the same replicas:
   default configuration, behind Envoy with the reference ext_proc modes (full-duplex request and
   response bodies) and the same override_host cluster, reading its pool and pods from a real
   kube-apiserver (`bench.lib.go_epp`). Available when Go is installed or the
-  binary is already cached (`go_epp_available`).
+  binary is already cached (`go_epp_available`). Plaintext ext_proc, like every picker here
+  (`PICKER_TRANSPORT`, which the report states).
+- `llm-d`, `llm-d-precise`: llm-d's router (the binary `LLMD_EPP` names; `bench.lib.llmd`) with
+  its default profile, or with its precise-prefix pipeline on the replicas' KV events plus its
+  token-aware load; the same kube-apiserver discovery and Envoy wiring as `go-epp`. The replicas
+  publish KV events for `llm-d-precise` (`PUBLISHING_ROUTERS`).
 - `sglang-router`: sglang-router 0.3.2, `--policy cache_aware` with its defaults, `--host
   127.0.0.1` and its own `--prometheus-port`. The simulator serves no /server_info or
   /model_info, so the router finds no model path and downloads no tokenizer (it logs "No
@@ -49,16 +54,23 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.lib import go_epp
+from bench.lib import go_epp, llmd
 from bench.lib.oracle import BLOCK_SIZE
 from extproc.commands.envoy_config import build_config, render
 from testkit.envoy import envoy_binary, plain_envoy_config
 from testkit.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
 
 ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
-ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-weighted", "prefix-epp-precise", "go-epp", "sglang-router",
-           "clairvoyant")
-KV_EVENT_ROUTERS = frozenset({"prefix-epp", "prefix-epp-weighted", "prefix-epp-precise"})  # replicas publish for these
+ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-weighted", "prefix-epp-precise", "go-epp", *llmd.SETUPS,
+           "sglang-router", "clairvoyant")
+KV_EVENT_ROUTERS = frozenset({"prefix-epp", "prefix-epp-weighted", "prefix-epp-precise"})  # picker subscribes
+# The replicas publish KV events for these setups (the prefix-epp ones and llm-d's precise profile).
+PUBLISHING_ROUTERS = KV_EVENT_ROUTERS | {"llm-d-precise"}
+# Like for like: whether the picker's ext_proc stream is TLS and whether the picker reads KV events.
+PICKER_TRANSPORT = {"prefix-epp": (False, "subscribed, routes approximately"),
+                    "prefix-epp-weighted": (False, "subscribed, routes approximately"),
+                    "prefix-epp-precise": (False, "routes on them"), "go-epp": (False, "none"),
+                    "llm-d": (False, "none"), "llm-d-precise": (False, "routes on them")}
 # What each prefix-epp setup adds to the picker's defaults (before any --picker-variant flags).
 PICKER_FLAGS = {"prefix-epp-weighted": ("--scheduler", "weighted"),
                 "prefix-epp-precise": ("--prefix-scorer", "precise")}
@@ -191,10 +203,28 @@ def prefix_epp_router(tmp: Path, backends: Sequence[str], picker_args: Sequence[
 @contextlib.contextmanager
 def go_epp_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
     listen, admin = free_ports(2)
-    with go_epp.go_epp(tmp, backends) as (picker, grpc_port, metrics_url, _kube):
-        config = go_epp.envoy_config(listen, grpc_port, admin, backends)
+    # Plaintext ext_proc, as the prefix-epp and llm-d setups run (PICKER_TRANSPORT).
+    with go_epp.go_epp(tmp, backends, ("--secure-serving=false",)) as (picker, grpc_port, metrics_url, _kube):
+        config = go_epp.envoy_config(listen, grpc_port, admin, backends, tls=False)
         with _envoy(tmp, "envoy-go-epp", config, listen) as envoy:
             yield Router("go-epp", f"http://127.0.0.1:{listen}", (picker, envoy), metrics_url)
+
+
+@contextlib.contextmanager
+def llmd_router(name: str, tmp: Path, backends: Sequence[str], kv_events: Sequence[str] = (),
+                block_size: int = BLOCK_SIZE) -> Iterator[Router]:
+    """llm-d's router (`bench.lib.llmd`): `llm-d` its default profile, `llm-d-precise` on KV events."""
+    config = None
+    if name == "llm-d-precise":
+        if not kv_events:
+            raise ValueError("llm-d-precise needs replicas that publish KV events")
+        events, replay = llmd.ports_of(kv_events)
+        config = llmd.precise_config(f"http://{backends[0]}", events, replay, block_size)
+    listen, admin = free_ports(2)
+    with llmd.llmd_epp(tmp, backends, config) as (picker, grpc_port, metrics_url, _kube):
+        envoy = go_epp.envoy_config(listen, grpc_port, admin, backends, tls=False)
+        with _envoy(tmp, f"envoy-{name}", envoy, listen) as proxy:
+            yield Router(name, f"http://127.0.0.1:{listen}", (picker, proxy), metrics_url)
 
 
 def go_epp_available() -> str:
@@ -250,4 +280,6 @@ def start(name: str, tmp: Path, backends: Sequence[str], picker_args: Sequence[s
         return sglang_router(tmp, backends)
     if name == "go-epp":
         return go_epp_router(tmp, backends)
+    if name in llmd.SETUPS:
+        return llmd_router(name, tmp, backends, kv_events)
     raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")

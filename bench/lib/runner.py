@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.lib import client
 from bench.lib.oracle import OracleResult
-from bench.lib.routers import KV_EVENT_ROUTERS, SimSettings, dead, sim_replicas, start
+from bench.lib.routers import KV_EVENT_ROUTERS, PUBLISHING_ROUTERS, SimSettings, dead, sim_replicas, start
 from bench.lib.stats import summarize, with_engine_load
 from bench.lib.vllm_backend import VllmBackend
 from bench.lib.workloads import Workload, kv_cache_blocks
@@ -46,6 +46,8 @@ ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_p
                 "prefix-epp-weighted": "Envoy + the picker, --scheduler weighted",
                 "prefix-epp-precise": "Envoy + the picker, --prefix-scorer precise",
                 "go-epp": "Envoy + the Go endpoint picker (GIE v1.5.0, defaults; real kube-apiserver)",
+                "llm-d": "Envoy + llm-d's router (default profile; real kube-apiserver)",
+                "llm-d-precise": "Envoy + llm-d's router (precise prefix + token load, KV events; kube-apiserver)",
                 "sglang-router": "sglang-router cache_aware",
                 "clairvoyant": "the simulator's clairvoyant front (true caches and queues; a reference)"}
 
@@ -123,7 +125,7 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     say = log or (lambda line: None)
     tmp.mkdir(parents=True, exist_ok=True)
     # Only the picker can use KV events; only the clairvoyant setup needs the simulator's front.
-    sim = replace(sim, kv_events=router.name in KV_EVENT_ROUTERS, clairvoyant=router.name == "clairvoyant")
+    sim = replace(sim, kv_events=router.name in PUBLISHING_ROUTERS, clairvoyant=router.name == "clairvoyant")
     picker_args = router.all_picker_args
     if backend is None:
         say(f"[{router.label}] starting {sim.replicas} simulated replicas ({sim.kv_cache_blocks} KV blocks each)")

@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
+import zmq
+import zmq.asyncio
 
 from extproc.config.settings import LatencyConfig
 from extproc.request.openai import Api, parse_request
 from extproc.scraping.scraper import parse_vllm_metrics
 from extproc.tokenization.tokenizer_json import HFTokenizer
+from prefix_epp_sim.config import SimConfig
+from prefix_epp_sim.server import run_replicas
 from testkit.envoy import run_envoy, run_plain_envoy
 from testkit.http_client import post
 from testkit.picker import Picker, picker_for, scrape, until, value
@@ -229,6 +234,63 @@ def test_token_ids_equal_vllms_for_completions_and_chat(both: list[Engine]) -> N
         ours = tok.encode(parse_request(Api.CHAT, _json(body)))
         theirs = engine.post("/tokenize", {**body, "add_generation_prompt": True})["tokens"]
         assert ours == theirs, messages
+
+
+async def test_simulator_renders_and_publishes_as_the_real_engine(both: list[Engine]) -> None:
+    """The simulator's render routes and KV events against vLLM's own, for the same bodies and
+    tokenizer: the same keys, sampling parameters and token ids; the same event fields and topic form."""
+    engine = both[0]
+    cfg = SimConfig(time_scale=100.0, model=MODEL_NAME, tokenizer=str(engine.env.tokenizer_json),
+                    kv_cache_blocks=512, block_size=BLOCK_SIZE, max_model_len=8192, kv_events_port_base=0)
+    bodies = [("/v1/completions/render", completion(text(9, 60)) | {"stream": True,
+                                                                    "stream_options": {"include_usage": True}}),
+              ("/v1/completions/render", {"model": MODEL_NAME, "prompt": [1, 2, 3]}),
+              ("/v1/chat/completions/render", {"model": MODEL_NAME, "messages": CHATS[1], "max_completion_tokens": 7,
+                                               "stream": True})]
+    ctx = zmq.asyncio.Context()
+    try:
+        async with run_replicas(cfg, 1, base_port=0) as [sim], aiohttp.ClientSession() as session:
+            for path, body in bodies:
+                real = engine.post(path, body)
+                async with session.post(sim.url + path, json=body) as resp:
+                    ours = await resp.json()
+                for a, b in zip(real if isinstance(real, list) else [real], ours if isinstance(ours, list) else [ours],
+                                strict=True):
+                    assert list(a) == list(b) and a["token_ids"] == b["token_ids"], path
+                    assert a["sampling_params"] == b["sampling_params"], (path, a["sampling_params"])
+                    assert a["stream_options"] == b["stream_options"], path
+            assert sim.publisher is not None
+            events = []
+            for endpoint, on_engine in ((f"tcp://{engine.address}:{engine.events_port}", True),
+                                        (sim.publisher.endpoint, False)):
+                sub = ctx.socket(zmq.SUB)
+                sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+                sub.connect(endpoint)
+                found = None
+                for attempt in range(20):  # a subscription takes a moment to reach the publisher
+                    prompt = completion(text(100 + attempt, 120))  # new blocks every time
+                    if not on_engine:
+                        async with session.post(sim.url + "/v1/completions", json=prompt) as resp:
+                            assert resp.status == 200
+                    else:
+                        engine.post("/v1/completions", prompt)
+                    while found is None and await sub.poll(1000):
+                        frames = await sub.recv_multipart()
+                        batch = msgpack.unpackb(frames[2])
+                        if any(e["type"] == "BlockStored" for e in batch[1]):
+                            found = (frames[0].decode(), batch)
+                    if found is not None:
+                        break
+                sub.close()
+                assert found is not None, endpoint
+                events.append(found)
+    finally:
+        ctx.destroy(linger=0)
+    (real_topic, real_batch), (sim_topic, sim_batch) = events
+    assert real_topic == engine.topic and sim_topic == f"kv@{sim.address}@{MODEL_NAME}"
+    assert real_batch[2] == sim_batch[2] == 0  # data-parallel rank
+    stored = [next(e for e in b[1] if e["type"] == "BlockStored") for b in (real_batch, sim_batch)]
+    assert list(stored[0]) == list(stored[1]) and stored[0]["kv_cache_spec_kind"] == stored[1]["kv_cache_spec_kind"]
 
 
 def _json(body: dict[str, Any]) -> bytes:

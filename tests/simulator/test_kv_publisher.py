@@ -1,4 +1,8 @@
-"""KV events over ZeroMQ: vLLM's three-frame messages, both encodings, replay."""
+"""KV events over ZeroMQ: vLLM's three-frame messages, both encodings, replay.
+
+The map encoding's field sets and the replay framing are what vLLM 0.32.0's CPU build sent
+(captured from the real engine: one BlockStored batch live, replay over a DEALER with and without
+the empty delimiter)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,14 @@ from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.kv_publisher import END_OF_REPLAY
 from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
 from prefix_epp_sim.server import Replica, run_replicas
+
+# vLLM 0.32's map-encoded events carry exactly these fields (defaults omitted).
+VLLM_FIELDS = {
+    "BlockStored": ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                    "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"],
+    "BlockRemoved": ["type", "block_hashes", "medium", "group_idx"],
+    "AllBlocksCleared": ["type"],
+}
 
 # 40 blocks of cache; each request below needs 13, so the third distinct prompt evicts.
 CFG = SimConfig(time_scale=100.0, kv_cache_blocks=40, max_model_len=640, kv_events_port_base=0,
@@ -78,11 +90,15 @@ async def test_subscriber_decodes_events_with_contiguous_sequence(encoding: str)
     seqs = [int.from_bytes(m[1], "big") for m in msgs]
     assert seqs == list(range(len(msgs)))
     batches = [msgpack.unpackb(m[2]) for m in msgs]
-    assert all(len(b) == 3 and isinstance(b[0], float) and b[2] is None for b in batches)
+    # [ts, events, data_parallel_rank]: a single engine is rank 0, as vLLM sends it.
+    assert all(len(b) == 3 and isinstance(b[0], float) and b[2] == 0 for b in batches)
     if encoding == "array":
         assert all(isinstance(e, list) for b in batches for e in b[1])
     else:
-        assert all(isinstance(e, dict) and "type" in e for b in batches for e in b[1])
+        assert all(isinstance(e, dict) and list(e) == VLLM_FIELDS[e["type"]] for b in batches for e in b[1])
+        stored_maps = [e for b in batches for e in b[1] if e["type"] == "BlockStored"]
+        assert all(e["extra_keys"] == [None] * len(e["block_hashes"]) and e["group_idx"] == 0
+                   and e["kv_cache_spec_kind"] == "full_attention" and e["lora_name"] is None for e in stored_maps)
     events = [normalise(e) for b in batches for e in b[1]]
 
     tokens = encode(PROMPTS[0])
@@ -130,7 +146,28 @@ async def test_replay_returns_buffered_batches_then_end_marker() -> None:
     assert [int.from_bytes(f[2], "big") for f in replies[:-1]] == list(range(2, total))
     assert replies[-1][3] == b""
     last = msgpack.unpackb(replies[-2][3])
-    assert last[1] == [["AllBlocksCleared"]]
+    assert last[1] == [{"type": "AllBlocksCleared"}]
+
+
+async def test_replay_answers_only_the_delimited_request_as_vllm_does() -> None:
+    """vLLM takes [identity, "", start] only: a DEALER that omits the delimiter gets no answer."""
+    ctx = zmq.asyncio.Context()
+    try:
+        async with run_replicas(CFG, 1, base_port=0) as [rep]:
+            assert rep.publisher is not None and rep.publisher.replay_endpoint
+            await drive(rep)
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(rep.publisher.replay_endpoint)
+            # The ROUTER serves requests in order: if the first were answered, its replies
+            # (without the delimiter) would arrive before the second one's.
+            await dealer.send_multipart([(0).to_bytes(8, "big")])
+            await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            first = await asyncio.wait_for(dealer.recv_multipart(), 5)
+            dealer.close()
+    finally:
+        ctx.destroy(linger=0)
+    assert first[0] == b"" and first[1] == rep.publisher.topic.encode() and first[2] == (0).to_bytes(8, "big")
 
 
 async def test_disabled_events_open_no_socket() -> None:
