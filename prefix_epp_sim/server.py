@@ -57,8 +57,8 @@ from prefix_epp_sim.openai_api import (
     tokenize_body,
     usage,
 )
-from prefix_epp_sim.shapes import as_chat
 from prefix_epp_sim.render import render_chat, render_completions
+from prefix_epp_sim.shapes import as_chat
 from prefix_epp_sim.vllm_metrics import CONTENT_TYPE, build_registry, render
 
 log = logging.getLogger(__name__)
