@@ -37,11 +37,11 @@ def stem(profile: str) -> str:
     return f"bench-regimes-{profile}"
 
 
-def run(profile: str, repeat: int) -> int:
+def run(profile: str, repeat: int, workloads: Sequence[str] = WORKLOADS) -> int:
     from bench import run as bench_run
 
     return bench_run.main(["--quick", "--repeat", str(repeat), "--sim-profile", profile,
-                           "--workloads", *WORKLOADS, "--routers", *ROUTERS, "--name", stem(profile)])
+                           "--workloads", *workloads, "--routers", *ROUTERS, "--name", stem(profile)])
 
 
 def _p99(results: dict[str, Any], spread: dict[str, Any], router: str) -> tuple[float, float, float] | None:
@@ -108,10 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     r = sub.add_parser("run", help="one profile's piece (~20 min)")
     r.add_argument("--profile", choices=PROFILES, required=True)
     r.add_argument("--repeat", type=int, default=3)
+    r.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
+                   help="a smaller piece (multi-turn takes twice as long as the others)")
     sub.add_parser("table", help="bench/results/bench-regimes.md from the pieces present")
     args = p.parse_args(argv)
     if args.command == "run":
-        return run(args.profile, args.repeat)
+        return run(args.profile, args.repeat, args.workloads)
     print(table().read_text())
     return 0
 

@@ -100,6 +100,7 @@ MIN_ENDS = 8
 @dataclass(slots=True)
 class EndpointWork:
     backlog: float = 0.0  # tokens not yet prefilled
+    routed_backlog: float = 0.0  # the same from this picker's routing alone, without scrape corrections
     routed_total: float = 0.0  # tokens ever routed here (a request's mark counts in it)
     updated_at: float = 0.0  # when backlog was last drained
     churn: float = 0.0  # tokens recently inserted into its cache (see the module docstring)
@@ -148,17 +149,21 @@ class LatencyModel:
         if now > w.updated_at:
             drained = (now - w.updated_at) / (self.config.prefill_ms_per_token * w.slowdown) * 1000.0
             w.backlog = max(0.0, w.backlog - drained)
+            w.routed_backlog = max(0.0, w.routed_backlog - drained)
             w.churn *= 0.5 ** ((now - w.updated_at) / CHURN_HALF_LIFE_S)
             w.updated_at = now
         m = ep.metrics
         if m is not None and m.ok and m.updated_at > w.seen_scrape_at:
             w.seen_scrape_at = m.updated_at
+            # The queue's share that the prefill routed there explains (slots.py); not the
+            # corrected backlog, which a scrape's waiting requests raise by themselves.
+            w.slots.observe(m, w.routed_backlog / w.mean_uncached if w.mean_uncached > 0 else 0.0)
             if m.waiting <= 0 and m.running <= 0:
                 w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
+                w.routed_backlog = min(w.routed_backlog, w.backlog)
             elif m.waiting > 0:
                 w.backlog = max(w.backlog, m.waiting * w.mean_uncached)
             w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
-            w.slots.observe(m)
             if self.config.calibrate and m.ttft_count >= 0:
                 self._calibrate(w, m.ttft_sum_s, m.ttft_count)
             if m.prompt_tokens >= 0 and m.ttft_count >= 0:
@@ -282,6 +287,7 @@ class LatencyModel:
         (None: not this picker's prediction, e.g. a fallback that served; not calibrated on)."""
         w = self.work(ep, now)
         w.backlog += uncached
+        w.routed_backlog += uncached
         w.routed_total += uncached
         w.churn += uncached
         w.routed_tokens_since_scrape += uncached
@@ -303,10 +309,12 @@ class LatencyModel:
         everything queued before it (FIFO): at most the tokens routed after it remain."""
         w = self.work(ep, now)
         w.backlog = max(0.0, min(w.backlog, w.routed_total - mark))
+        w.routed_backlog = min(w.routed_backlog, w.backlog)
 
     def unrouted(self, ep: Endpoint, uncached: float, now: float) -> None:
         """A request routed to `ep` went elsewhere (a fallback served it): take its work back."""
         w = self.work(ep, now)
         w.backlog = max(0.0, w.backlog - uncached)
+        w.routed_backlog = max(0.0, w.routed_backlog - uncached)
         w.routed_tokens_since_scrape = max(0.0, w.routed_tokens_since_scrape - uncached)
         w.routed_tokens_before = max(0.0, w.routed_tokens_before - uncached)

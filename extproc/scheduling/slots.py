@@ -16,7 +16,9 @@ module learns it per endpoint (`SlotState`):
       budget, adapters) and nothing is learned;
     - else kv usage >= KV_FULL (0.95): the cache admits no more;
     - else running is at the most running seen since the endpoint was first scraped (a ceiling),
-      and the queue was seen at that same level CEILING_SCRAPES (2) scrapes in a row.
+      the prefill the picker routed there and predicts not yet done explains at most half of the
+      queue (a queue of prompts waiting for prefill is no capacity limit: vLLM admits by token
+      budget too), and the queue was seen so CEILING_SCRAPES (2) scrapes in a row.
   L <- running at a saturated observation (the latest: a KV limit moves with the prompts'
   lengths). A scrape showing running > L without a queue proves L no limit: L becomes unknown.
   Unknown until a saturated observation, and for an engine exporting no running/waiting gauges.
@@ -52,8 +54,9 @@ class SlotState:
     ceiling_seen: int = 0  # consecutive saturated scrapes at the peak
     saturated: bool = False  # the last scrape showed a capacity queue
 
-    def observe(self, m: ModelServerMetrics) -> None:
-        """Learn from one scrape (called once per new scrape)."""
+    def observe(self, m: ModelServerMetrics, prefill_queued: float = 0.0) -> None:
+        """Learn from one scrape (called once per new scrape); `prefill_queued`: the requests'
+        worth of prefill the picker predicts still queued there (backlog / mean uncached tokens)."""
         running, waiting = m.running, m.waiting
         at_peak = running >= self.peak_running
         self.peak_running = max(self.peak_running, running)
@@ -63,7 +66,7 @@ class SlotState:
                 source = "capacity-reason" if m.waiting_capacity > 0 else ""
             elif m.kv_usage >= KV_FULL:
                 source = "kv-full"
-            elif at_peak:
+            elif at_peak and prefill_queued <= waiting / 2:
                 self.ceiling_seen += 1
                 source = "ceiling" if self.ceiling_seen >= CEILING_SCRAPES else ""
             else:

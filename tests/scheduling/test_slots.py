@@ -56,6 +56,16 @@ def test_the_slot_wait_follows_the_queue_beyond_the_learned_limit() -> None:
     assert s.limit == -1.0 and s.wait_ms(16) == 0.0 and not s.saturated
 
 
+def test_a_queue_of_prompts_waiting_for_prefill_is_no_slot_limit() -> None:
+    s = SlotState()
+    for _ in range(3):  # 6 waiting at the peak, but 4 requests' worth of prefill still queued there
+        s.observe(metrics(6, 5), prefill_queued=4.0)
+    assert s.limit == -1.0 and not s.saturated
+    for _ in range(2):  # the prefill is done and the queue stays: it waits for slots
+        s.observe(metrics(6, 5), prefill_queued=3.0)
+    assert (s.limit, s.limit_source) == (5, "ceiling")
+
+
 def test_the_limit_comes_from_the_capacity_reason_or_a_full_cache_at_once() -> None:
     s = SlotState()
     s.observe(metrics(3, 5, capacity=3))  # the engine says they wait for capacity
@@ -112,3 +122,22 @@ def test_occupancy_is_learned_from_response_ends_through_the_model() -> None:
     assert model.predict(ep, w, 0)[2] == pytest.approx(4 * 250.0)
     assert model.describe(ep, w, 1000.0) == (
         "slots=2(ceiling) occupancy=500ms slot_wait=1000ms queue=scraped slowdown=1.00(prior)")
+
+
+def test_the_queue_share_prefill_explains_is_the_routed_prefill_not_the_corrected_backlog() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    for _ in range(4):
+        model.routed(ep, 1000, None, clock.now)  # 4 requests of 100 ms prefill each
+    for _ in range(2):  # 8 waiting at 2 running, twice, while those 4 prefills are still queued
+        clock.now += 0.01
+        ds.set_metrics(ep.key, metrics(8, 2, at=clock.now))
+        w = model.work(ep, clock.now)
+    assert w.slots.limit == -1.0 and w.backlog >= 8 * w.mean_uncached  # the scrape raised the backlog
+    clock.now += 0.5  # the routed prefill is done (each scrape still raises the corrected backlog)
+    for _ in range(2):
+        clock.now += 0.01
+        ds.set_metrics(ep.key, metrics(8, 2, at=clock.now))
+        w = model.work(ep, clock.now)
+    assert (w.slots.limit, w.slots.limit_source) == (2, "ceiling")
