@@ -4,6 +4,7 @@ Each profile (`bench.lib.profiles`) is one `bench.run` invocation, a piece of ab
 2 cores (3 repetitions of 4 workloads x 4 routers, --quick):
 
     python -m bench.regimes run --profile default        # then decode-bound, heterogeneous, minimal-metrics
+    python -m bench.regimes run --profile heterogeneous --workloads hot-prefix shared-prefix bursts  # ~12 min
     python -m bench.regimes table                        # bench/results/bench-regimes.md from the four
 
 `run` writes bench/results/bench-regimes-{profile}.{json,md} (and each repetition under runs/);

@@ -127,7 +127,7 @@ class SimConfig:
 
     def for_replica(self, index: int) -> SimConfig:
         """Replica `index`'s configuration: every cost `slow_factor` times for the slow ones."""
-        if index < self.replicas - self.slow_replicas or self.slow_factor == 1:
+        if not self.slow_replicas or index < self.replicas - self.slow_replicas or self.slow_factor == 1:
             return self
         return self.replace(**{name: getattr(self, name) * self.slow_factor for name in COSTS})
 

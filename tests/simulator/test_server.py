@@ -294,3 +294,7 @@ async def test_a_minimal_metrics_surface_and_a_slow_replica() -> None:
         assert slow.decode_time_per_seq == pytest.approx(0.6) and slow.prefill_overhead == 8.0
     with pytest.raises(ValueError, match="slow_replicas"):
         CFG.replace(slow_replicas=2)
+
+
+def test_without_slow_replicas_every_replica_keeps_the_costs_however_many_run() -> None:
+    assert CFG.replicas == 1 and CFG.for_replica(3) is CFG  # run_replicas may start more than `replicas`
