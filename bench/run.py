@@ -24,6 +24,9 @@ so a long run that dies keeps what it measured. Each summary also carries `cpu_b
 machine's CPU use during the run) and `start_lag_p99_ms` (how late the client sent against the
 plan): both flag a machine too busy to trust the figures. The run prints its estimated length.
 
+`--sim-profile` runs the simulated replicas as another replica model (`bench.lib.profiles`:
+decode-bound, heterogeneous, minimal-metrics); results go to {name}-{profile}.
+
 `--backend vllm` runs the same matrix on 2 real vLLM engines instead (`bench.lib.vllm_backend`:
 vLLM's CPU build and a tiny model, started once for the whole matrix, both prefix caches reset
 and both engines idle before every run): the vLLM-sized workloads (`VLLM_WORKLOADS` of
@@ -45,6 +48,8 @@ engines is reported under "Not run" with its error and skipped for the rest of t
         --closed-loop --name bench-precise     # precise vs approximate (KV events, closed-loop accuracy)
     python -m bench.run --backend vllm --repeat 3   # 3 workloads x 7 routers on 2 real engines, ~45 min
     LLMD_EPP=/path/to/epp python -m bench.run --workloads shared-prefix --routers prefix-epp llm-d llm-d-precise
+    python -m bench.run --quick --sim-profile decode-bound --workloads hot-prefix bursts \
+        --routers prefix-epp prefix-epp-weighted sglang-router clairvoyant   # another replica model
 
 llm-d's router runs from the binary LLMD_EPP names (`bench.lib.llmd`); without it, and go-epp
 without Go or a cached build, the report lists the setup under "Not run" with why.
@@ -68,6 +73,8 @@ from bench.lib import llmd, sim_vllm, vllm_backend
 from bench.lib.aggregate import aggregate
 from bench.lib.go_epp import build_info as go_epp_build_info
 from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, vllm_oracle, workload_oracle
+from bench.lib.profiles import PROFILES, SimProfile
+from bench.lib.profiles import settings as profile_settings
 from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetition_name, runs_dir, write_results
 from bench.lib.routers import PICKER_TRANSPORT, ROUTERS, SimSettings, go_epp_available
 from bench.lib.runner import RouterSpec, run_retrying, sim_settings
@@ -114,12 +121,13 @@ class Draw:
 
     @classmethod
     def of(cls, names: Sequence[str], seed: int, *, quick: bool, load: float, replicas: int,
-           time_scale: float, backend: str = "sim") -> Draw:
+           time_scale: float, backend: str = "sim", profile: SimProfile = PROFILES["default"]) -> Draw:
         if backend in ("vllm", "sim-vllm"):
             return cls.vllm(names, seed, quick=quick, load=load, simulated=backend == "sim-vllm")
-        workloads = {w: build(w, quick=quick, seed=seed, load=load) for w in names}
+        workloads = {w: build(w, quick=quick, seed=seed, load=load, max_tokens=profile.max_tokens) for w in names}
         oracle = {w: workload_oracle(wl) for w, wl in workloads.items()}
-        sims = {w: sim_settings(oracle[w], replicas, time_scale, wl) for w, wl in workloads.items()}
+        sims = {w: profile_settings(profile, sim_settings(oracle[w], replicas, time_scale, wl))
+                for w, wl in workloads.items()}
         return cls(workloads, oracle, sims)
 
     @classmethod
@@ -138,7 +146,7 @@ class Draw:
 def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: bool, replicas: int, load: float,
             time_scale: float, out_dir: Path, name: str, log: Callable[[str], None] = print,
             work_dir: Path | None = None, repeat: int = 1, seed: int = 0, vary_seed: bool = False,
-            backend: str = "sim") -> dict[str, Any]:
+            backend: str = "sim", profile: SimProfile = PROFILES["default"]) -> dict[str, Any]:
     """The matrix `repeat` times, repetition-major, on the same seeded workloads (`seed`), or with
     `vary_seed` on a new draw of them per repetition (seed, seed + 1, ...); `backend` "vllm": on
     two real engines started once (module docstring).
@@ -148,6 +156,9 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
                               "repeat": repeat, "seed": seed, "vary_seed": vary_seed,
                               "closed_loop": any(r.closed_loop for r in routers), "workloads": {}}
+    if profile.name != "default":
+        config["sim_profile"] = {"name": profile.name, "sim_args": list(profile.sim_args),
+                                 "max_num_seqs": profile.max_num_seqs, "max_tokens": profile.max_tokens}
     if backend == "vllm":
         replicas, time_scale = vllm_backend.ENGINES, 1.0
         config |= {"replicas": replicas, "time_scale": time_scale, "backend": "vllm",
@@ -180,7 +191,7 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     candidates = candidates_of([r.label for r in routers])
     seeds = [seed + k for k in range(repeat)] if vary_seed else [seed] * repeat
     draws = {s: Draw.of(workloads, s, quick=quick, load=load, replicas=replicas, time_scale=time_scale,
-                        backend=backend) for s in dict.fromkeys(seeds)}
+                        backend=backend, profile=profile) for s in dict.fromkeys(seeds)}
     first = draws[seed]
     oracle = pooled_oracle([d.oracle for d in draws.values()])
     for wname, workload in first.workloads.items():
@@ -253,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="sim: fresh simulated replicas per run; vllm: 2 real vLLM engines (CPU build, tiny model); "
                         "sim-vllm: vllm's workloads on 2 simulated engines fitted to them (bench/fidelity.py)")
     p.add_argument("--quick", action="store_true", help="about a third of the requests per workload (vllm: half)")
+    p.add_argument("--sim-profile", choices=PROFILES, default="default",
+                   help="replica model (bench.lib.profiles): default, decode-bound, heterogeneous, minimal-metrics")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS,
                    help=f"default: all (vllm: {' '.join(VLLM_WORKLOADS)})")
     p.add_argument("--routers", nargs="+", choices=ROUTERS,
@@ -288,13 +301,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     routers = [RouterSpec(r, closed_loop=args.closed_loop) for r in chosen]
     routers += [RouterSpec("prefix-epp", tuple(shlex.split(v)), args.closed_loop) for v in args.picker_variant]
     name = args.name or (f"bench-{args.backend}" if vllm else "bench-quick" if args.quick else "bench")
+    if args.sim_profile != "default" and not args.name:
+        name = f"{name}-{args.sim_profile}"
     if args.render_only:
         print((render_only(args.out_dir, name) / f"{name}.md").read_text())
         return 0
     result = run_all(workloads, routers, quick=args.quick, replicas=args.replicas, load=args.load,
                      time_scale=args.time_scale, out_dir=args.out_dir, name=name,
                      log=lambda line: print(line, flush=True), work_dir=args.work_dir, repeat=args.repeat,
-                     seed=args.seed, vary_seed=args.vary_seed, backend=args.backend)
+                     seed=args.seed, vary_seed=args.vary_seed, backend=args.backend,
+                     profile=PROFILES[args.sim_profile])
     print((args.out_dir / f"{name}.md").read_text())
     return 0 if result["summaries"] else 1
 

@@ -82,6 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="ms per uncached prompt token")
     model.add_argument("--prefill-overhead", type=float, default=_D.prefill_overhead,
                        help="ms added to a step with prefill")
+    model.add_argument("--slow-replicas", type=int, default=_D.slow_replicas,
+                       help="the last N replicas pay every cost --slow-factor times (a heterogeneous pool)")
+    model.add_argument("--slow-factor", type=float, default=_D.slow_factor)
+    model.add_argument("--metrics-surface", choices=("vllm", "minimal"), default=_D.metrics_surface,
+                       help="minimal: only running, waiting, KV usage and the cache config on /metrics")
     model.add_argument("--time-scale", type=float, default=_D.time_scale,
                        help="divide every sleep by this (costs and metrics stay in model time)")
     serve.add_argument("--clairvoyant-port", type=int, default=_D.clairvoyant_port,

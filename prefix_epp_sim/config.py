@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 KVEventsEncoding = Literal["array", "map"]
+MetricsSurface = Literal["vllm", "minimal"]
+COSTS = ("inter_token_latency", "decode_time_per_seq", "prefill_time_per_token", "prefill_overhead")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,13 @@ class SimConfig:
     prefill_time_per_token: float = 0.06  # per uncached prompt token computed in a step
     prefill_overhead: float = 2.0  # added to a step that computes any prefill
     time_scale: float = 1.0
+    # Heterogeneous pools: the last `slow_replicas` replicas pay every cost `slow_factor` times
+    slow_replicas: int = 0
+    slow_factor: float = 4.0
+
+    # What /metrics exports: "vllm" (vLLM V1's families), or "minimal" (running, waiting, KV usage
+    # and the cache config only: no TTFT histogram, no token counters, as many non-vLLM engines)
+    metrics_surface: MetricsSurface = "vllm"
 
     # Benchmark reference: a front on this port routes every request to the replica with the least
     # predicted TTFT, from the replicas' true state (prefix_epp_sim.clairvoyant); None: no front, 0: any port
@@ -97,6 +106,10 @@ class SimConfig:
             raise ValueError(
                 f"max_model_len {self.max_model_len} exceeds the KV cache "
                 f"({self.kv_cache_blocks} blocks x {self.block_size} tokens)")
+        if not 0 <= self.slow_replicas <= self.replicas or self.slow_factor <= 0:
+            raise ValueError("slow_replicas must be within [0, replicas] and slow_factor > 0")
+        if self.metrics_surface not in ("vllm", "minimal"):
+            raise ValueError("metrics_surface must be 'vllm' or 'minimal'")
         if self.kv_events_encoding not in ("array", "map"):
             raise ValueError("kv_events_encoding must be 'array' or 'map'")
         if self.replicas > 1 and (self.kv_events_replay_endpoint
@@ -111,6 +124,12 @@ class SimConfig:
     @property
     def lora_names(self) -> tuple[str, ...]:
         return tuple(parse_lora_module(m) for m in self.lora_modules)
+
+    def for_replica(self, index: int) -> SimConfig:
+        """Replica `index`'s configuration: every cost `slow_factor` times for the slow ones."""
+        if not self.slow_replicas or index < self.replicas - self.slow_replicas or self.slow_factor == 1:
+            return self
+        return self.replace(**{name: getattr(self, name) * self.slow_factor for name in COSTS})
 
     def replace(self, **changes: object) -> SimConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

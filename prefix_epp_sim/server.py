@@ -114,6 +114,7 @@ def _api(handler: Handler) -> Handler:
 class Replica:
     def __init__(self, config: SimConfig, index: int, host: str, port: int,
                  zmq_ctx: zmq.asyncio.Context | None = None) -> None:
+        config = config.for_replica(index)
         self.config = config
         self.index = index
         self.host = host
@@ -122,7 +123,7 @@ class Replica:
         lora_ids = {name: i + 1 for i, name in enumerate(config.lora_names)}
         self.cache = KVCache(config.kv_cache_blocks, config.block_size, sink=self._on_kv_event)
         self.engine = Engine(config, self.cache, after_step=self._flush_events, lora_ids=lora_ids)
-        self.registry = build_registry(self.engine, config.model_names[0])
+        self.registry = build_registry(self.engine, config.model_names[0], config.metrics_surface)
         self.failures = 0
         self._zmq_ctx = zmq_ctx
         self._rng = random.Random(f"{config.seed}:{index}")

@@ -15,6 +15,8 @@ Exposed (labels `model_name=<first served name>` unless noted):
   histograms  vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds,
               vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds (model time,
               vLLM's bucket bounds)
+With `metrics_surface` "minimal" only the three gauges and vllm:cache_config_info are exported
+(no histograms, counters or LoRA info), as many engines that are not vLLM.
 Counters carry no `_created` series, as vLLM's exposition does not. As in vLLM V1, a request's
 prompt tokens are counted with its first token (when its TTFT is observed), not when it ends.
 """
@@ -74,9 +76,10 @@ class Histogram:
 
 
 class SimCollector:
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, surface: str = "vllm") -> None:
         self._engine = engine
         self._model = model_name
+        self._minimal = surface == "minimal"
 
     def collect(self) -> Iterator[Metric]:
         engine, labels, values = self._engine, ["model_name"], [self._model]
@@ -107,6 +110,8 @@ class SimCollector:
                                  labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"])
         info.add_metric([str(cache.block_size), str(cache.num_blocks), "True"], 1.0)
         yield info
+        if self._minimal:
+            return
 
         running, waiting = engine.lora_adapters()
         lora = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
@@ -137,10 +142,10 @@ class SimCollector:
                         "Histogram of time spent in WAITING phase for request.", stats.queue)
 
 
-def build_registry(engine: Engine, model_name: str) -> CollectorRegistry:
+def build_registry(engine: Engine, model_name: str, surface: str = "vllm") -> CollectorRegistry:
     """A fresh registry for one replica (never the process-global one)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SimCollector(engine, model_name))
+    registry.register(SimCollector(engine, model_name, surface))
     return registry
 
 

@@ -349,32 +349,34 @@ WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "no-reuse", "cache-pre
              "mixed-shapes")
 
 
-def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0) -> Workload:
+def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0, max_tokens: int = 0) -> Workload:
     """The named workload at benchmark scale (`quick`: about a third of the requests).
 
-    `load` multiplies the arrival rate (for calibration on another machine).
+    `load` multiplies the arrival rate (for calibration on another machine); `max_tokens` (> 0)
+    replaces every request's output length (a simulator profile's long outputs, bench.lib.profiles).
     """
+    out = {"max_tokens": max_tokens} if max_tokens > 0 else {}
     if name == "shared-prefix":
         sp = SharedPrefixParams(groups=30 if quick else 90, seed=seed)
-        return shared_prefix(replace(sp, rate=sp.rate * load))
+        return shared_prefix(replace(sp, rate=sp.rate * load, **out))
     if name == "hot-prefix":
         hp = SharedPrefixParams(groups=15 if quick else 45, hot_share=0.5, seed=seed)
-        return hot_prefix(replace(hp, rate=hp.rate * load))
+        return hot_prefix(replace(hp, rate=hp.rate * load, **out))
     if name == "multi-turn":
         mt = MultiTurnParams(conversations=40 if quick else 112, seed=seed)
-        return multi_turn(replace(mt, rate=mt.rate * load))
+        return multi_turn(replace(mt, rate=mt.rate * load, **out))
     if name == "cache-pressure":
         cp = SharedPrefixParams(groups=30 if quick else 90, seed=seed)
-        return cache_pressure(replace(cp, rate=cp.rate * load))
+        return cache_pressure(replace(cp, rate=cp.rate * load, **out))
     if name == "no-reuse":
         nr = NoReuseParams(requests=90 if quick else 270, seed=seed)
-        return no_reuse(replace(nr, rate=nr.rate * load))
+        return no_reuse(replace(nr, rate=nr.rate * load, **out))
     if name == "mixed-length":
         ml = MixedLengthParams(short_requests=317 if quick else 950, long_docs=7 if quick else 20, seed=seed)
-        return mixed_length(replace(ml, rate=ml.rate * load))
+        return mixed_length(replace(ml, rate=ml.rate * load, **out))
     if name == "bursts":  # `load` shortens the gaps; a burst stays 50 requests within 100 ms
         bp = BurstParams(bursts=4 if quick else 12, seed=seed)
-        return bursts(replace(bp, gap_s=bp.gap_s / load))
+        return bursts(replace(bp, gap_s=bp.gap_s / load, **out))
     if name == "mixed-shapes":  # every request shape (bench.lib.shapes_workload)
         from bench.lib.shapes_workload import MixedShapesParams, mixed_shapes
 

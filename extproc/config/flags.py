@@ -224,6 +224,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--prefill-ms-per-token", "latency.prefill_ms_per_token", FLOAT, SCHEDULING,
          "predicted-ttft prior: prefill milliseconds per prompt token (learned per endpoint from its TTFT "
          "histogram)", POSITIVE, parameters=(_TTFT + "prefillMsPerToken",)),
+    Flag("--decode-step-ms", "latency.decode_step_ms", FLOAT, SCHEDULING,
+         "predicted-ttft prior: milliseconds of one decode step at batch 1 (calibrates engines without a TTFT "
+         "histogram from the response ends)", POSITIVE, parameters=(_TTFT + "decodeStepMs",)),
     Flag("--eviction-weight", "latency.eviction_weight", FLOAT, SCHEDULING,
          "predicted-ttft: multiple of the prefill time charged for each token of other prefixes a copy evicts "
          "from a full cache (0: ignore capacity)", NON_NEGATIVE, parameters=(_TTFT + "evictionWeight",)),
@@ -234,7 +237,8 @@ FLAGS: tuple[Flag, ...] = (
          "predicted-ttft: an endpoint that served the request's affinity key is credited with this share of the "
          "request's uncached prefill time", NON_NEGATIVE, parameters=(_TTFT + "affinityCredit",)),
     Flag("--ttft-calibration", "latency.calibrate", BOOL, SCHEDULING,
-         "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram",
+         "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram (else from the "
+         "response ends)",
          parameters=(_TTFT + "calibrate",)),
     Flag("--affinity-hints", "affinity.enabled", BOOL, SCHEDULING,
          "treat requests with the same prompt_cache_key (else the same --session-header value) as sharing a "

@@ -71,12 +71,15 @@ class LatencyConfig:
 
     The priors describe Llama-3-8B (bf16) under vLLM on one H100, as the simulator does
     (prefix_epp_sim/engine.py); each endpoint's `slowdown` is then learned from its TTFT histogram,
-    so a slower GPU or a bigger model is measured, not configured.
+    or from the response ends the picker sees where an engine exports none, so a slower GPU or a
+    bigger model is measured, not configured. A pool of very different engines sets its priors
+    in its EndpointPickerConfig (predicted-ttft-scorer parameters) or with the flags.
     """
 
     prefill_ms_per_token: float = 0.06  # ~16.7k prompt tokens/s
     overhead_ms: float = 10.0  # one engine step and first-token sampling, paid by every request
     decode_ms_per_seq: float = 0.15  # what each running sequence adds to every engine step
+    decode_step_ms: float = 8.0  # one decode step with a single sequence (calibration from response ends)
     step_tokens: int = 8192  # vLLM max_num_batched_tokens: prefill tokens per engine step
     # Copying a prefix onto a replica whose cache is full evicts as many tokens of other prefixes;
     # they are charged at this multiple of their prefill time (0: capacity is ignored). Under
@@ -91,9 +94,10 @@ class LatencyConfig:
     # credited with this share of the request's uncached prefill: the key says the prompt shares
     # more with that replica's earlier requests than the prefix index can see.
     affinity_credit: float = 0.5
-    calibrate: bool = True  # learn each endpoint's slowdown from vllm:time_to_first_token_seconds
-    min_slowdown: float = 0.25
-    max_slowdown: float = 8.0
+    calibrate: bool = True  # learn each endpoint's slowdown (TTFT histogram, else response ends)
+    # Engines from 10x faster to 50x slower than the prior (a CPU build, an old GPU, a 70B model).
+    min_slowdown: float = 0.1
+    max_slowdown: float = 50.0
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import random
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from extproc.config.settings import EppConfig
 from extproc.control.affinity import affinity_hint, response_key
@@ -151,6 +151,7 @@ class Director:
                                       block_size=pcfg.block_size_bytes, max_blocks=pcfg.max_prefix_blocks),
             priority=self.priority_of(ctx.objective) if ctx.objective else 0,
             prompt_bytes=sum(map(len, parsed.segments)),
+            max_output_tokens=output_tokens(parsed.body),
         )
         request.affinity_hash, ctx.affinity_source = affinity_hint(
             self.config.affinity, parsed.model, parsed.cache_salt, parsed.affinity_key, ctx.session,
@@ -271,3 +272,15 @@ class Director:
             precise_enabled=self.precise is not None,
         )
         return UsageTracker(prediction, self.feedback)
+
+
+MAX_OUTPUT_TOKENS = 1 << 20  # a larger max_tokens reads as unknown (no engine generates that much)
+
+
+def output_tokens(body: dict[str, Any]) -> int:
+    """The body's max_tokens (or max_completion_tokens): an integer in [1, MAX_OUTPUT_TOKENS], else 0."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_OUTPUT_TOKENS:
+            return value
+    return 0

@@ -74,6 +74,9 @@ class ModelServerMetrics:
     ttft_sum_s: float = 0.0  # vllm:time_to_first_token_seconds_sum
     ttft_count: float = -1.0  # vllm:time_to_first_token_seconds_count
     prompt_tokens: float = -1.0  # vllm:prompt_tokens_total
+    # vllm:num_requests_waiting_by_reason{reason="capacity"}: requests waiting for KV blocks or a
+    # sequence slot (-1: not exported, so why requests wait is unknown)
+    waiting_capacity: float = -1.0
     # process_start_time_seconds (unix seconds; -1: not exported): a new value is a restarted engine,
     # whose cache is empty whatever the indexes hold (Datastore.on_restarted).
     started_at: float = -1.0

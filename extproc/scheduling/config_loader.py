@@ -19,8 +19,8 @@ Plugin types and parameters (every default comes from EppConfig, i.e. from the C
 | precise-prefix-cache-scorer | scorer | blockSize (engine tokens), maxPrefixBlocksToMatch, |
 | | | lruCapacityPerServer, speculativeTTL (Go duration) -> kv_events; turns KV events on |
 | queue-scorer, kv-cache-utilization-scorer, lora-affinity-scorer, inflight-load-scorer | scorer | - |
-| predicted-ttft-scorer | scorer | prefillMsPerToken, evictionWeight, newPrefixPlacement, affinityCredit, |
-| | | calibrate -> latency |
+| predicted-ttft-scorer | scorer | prefillMsPerToken, decodeStepMs, evictionWeight, newPrefixPlacement, |
+| | | affinityCredit, calibrate -> latency |
 | hot-spot-spill-filter | filter | relative, absolute -> spill |
 | max-score-picker | picker | maxNumOfEndpoints -> max_endpoints |
 | utilization-detector | detector (a filter in a profile) | queueDepthThreshold, kvCacheUtilThreshold, |
@@ -146,6 +146,7 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
     "inflight-load-scorer": {},
     "predicted-ttft-scorer": {
         "prefillMsPerToken": Param(_num(0, lo_open=True), _set("latency", "prefill_ms_per_token")),
+        "decodeStepMs": Param(_num(0, lo_open=True), _set("latency", "decode_step_ms")),
         "evictionWeight": Param(_num(0), _set("latency", "eviction_weight")),
         "affinityCredit": Param(_num(0), _set("latency", "affinity_credit")),
         "newPrefixPlacement": Param(_choice(*NEW_PREFIX_PLACEMENTS), _set("latency", "new_prefix_placement")),

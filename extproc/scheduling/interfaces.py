@@ -25,6 +25,18 @@ from extproc.core.datastore import Endpoint
 
 
 @dataclass(slots=True)
+class Routing:
+    """What predicted-ttft-scorer charged the request on the endpoint it routed it to, kept until
+    its response ends (occupancy and calibration, extproc/scheduling/latency.py)."""
+
+    endpoint: str
+    at: float  # clock of the pick
+    base_ms: float  # predicted TTFT without the endpoint's slowdown and slot wait
+    wait_ms: float  # the slot wait charged (extproc/scheduling/slots.py)
+    decode_ms: float  # predicted decode time of its output without slowdown; -1: output length unknown
+
+
+@dataclass(slots=True)
 class SchedulingRequest:
     request_id: str
     model: str
@@ -38,9 +50,13 @@ class SchedulingRequest:
     affinity_match: frozenset[str] = frozenset()  # endpoints that recorded affinity_hash before
     prompt_bytes: int = 0  # the prompt's bytes (its segments), for token estimates
     prompt_tokens: int = 0  # exact prompt tokens when the request was tokenized, else 0
+    max_output_tokens: int = 0  # the body's max_tokens (or max_completion_tokens); 0: not set
     # Filled by predicted-ttft-scorer: per candidate key, (predicted TTFT ms, uncached tokens).
     predictions: dict[str, tuple[float, float]] = field(default_factory=dict)
     backlog_mark: tuple[str, float] | None = None  # (endpoint, its routed-token count once this was added)
+    routing: Routing | None = None  # set by predicted-ttft-scorer at the pick
+    # Per candidate key: the signals its prediction used, for --explain-decisions.
+    signals: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_blocks(self) -> int:

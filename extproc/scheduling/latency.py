@@ -48,13 +48,29 @@ admitted no earlier (FIFO), so it hits them even in the same step.
 Prediction for a request with `uncached` tokens not cached on e, running_e sequences there
 (extproc/scheduling/load.py's load):
 
-    work    = B_e + uncached
-    ttft(e) = slowdown_e x (overhead_ms + work x prefill_ms_per_token
-                            + ceil(work / step_tokens) x decode_ms_per_seq x running_e)
+    base(work) = overhead_ms + work x prefill_ms_per_token
+                 + ceil(work / step_tokens) x decode_ms_per_seq x running_e
+    ttft(e)    = max(slowdown_e x base(B_e + uncached),  wait_e + slowdown_e x base(uncached))
 
 An engine step prefills at most step_tokens, and every step also decodes the running sequences:
-that is the decode-contention term. Prompt tokens are exact when the request was tokenized
-(precise mode), else prompt bytes / PrefixConfig.bytes_per_token (slowdown absorbs the error).
+that is the decode-contention term. wait_e is the expected wait for a free sequence slot where
+e's admission limit is reached (extproc/scheduling/slots.py; 0 while its limit or occupancy is
+unknown): a request queued for capacity waits for slots, not for the prefill ahead of it, so the
+larger of the two queues counts, never both. Prompt tokens are exact when the request was
+tokenized (precise mode), else prompt bytes / PrefixConfig.bytes_per_token (slowdown absorbs the
+error).
+
+Calibration without the TTFT histogram (an engine that exports none, as many non-vLLM engines):
+each response end the picker sees is a sample, for a request whose output length it knows
+(max_tokens):
+    observed  = (end - routed) - the slot wait charged
+    predicted = base(B + uncached) at routing + max_tokens x (decode_step_ms + decode_ms_per_seq x running)
+and once MIN_ENDS (8) samples are in, ratio = sum observed / sum predicted and slowdown moves
+towards it as bytes per token does (the first window replaces the prior, the n-th weighs 1/n
+until that falls to ALPHA). A request that stops before max_tokens reads as a faster engine; the TTFT histogram,
+where exported, is used instead. slowdown is clamped to [min_slowdown, max_slowdown] (0.1-50 by
+default: a CPU build or an old GPU against an H100 prior). Where neither source is available
+the prior stands (`calibration_source` says which one the slowdown comes from).
 
 With several active-active pickers each backlog holds only its own decisions; the scrape
 corrections and the TTFT calibration see every picker's traffic, at scrape granularity.
@@ -64,11 +80,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from extproc.config.settings import LatencyConfig
 from extproc.core.datastore import Endpoint
+from extproc.scheduling.interfaces import Routing
 from extproc.scheduling.load import endpoint_load
+from extproc.scheduling.slots import SlotState
 
 ALPHA = 0.2
 MIN_FIRST_TOKENS = 8
@@ -76,11 +94,13 @@ MIN_ROUTED = 4
 MIN_BYTES_PER_TOKEN = 1.0
 MAX_BYTES_PER_TOKEN = 16.0
 CHURN_HALF_LIFE_S = 120.0
+MIN_ENDS = 8
 
 
 @dataclass(slots=True)
 class EndpointWork:
     backlog: float = 0.0  # tokens not yet prefilled
+    routed_backlog: float = 0.0  # the same from this picker's routing alone, without scrape corrections
     routed_total: float = 0.0  # tokens ever routed here (a request's mark counts in it)
     updated_at: float = 0.0  # when backlog was last drained
     churn: float = 0.0  # tokens recently inserted into its cache (see the module docstring)
@@ -99,6 +119,13 @@ class EndpointWork:
     requests: float = -1.0
     bytes_routed: float = 0.0
     bytes_requests: int = 0
+    # Response-end calibration window (no TTFT histogram): observed and predicted sums, samples.
+    ends_observed_ms: float = 0.0
+    ends_predicted_ms: float = 0.0
+    ends: int = 0
+    ends_windows: int = 0  # response-end windows measured so far
+    calibration_source: str = "prior"  # "prior", "ttft-histogram" or "response-ends"
+    slots: SlotState = field(default_factory=SlotState)
 
 
 class LatencyModel:
@@ -122,13 +149,18 @@ class LatencyModel:
         if now > w.updated_at:
             drained = (now - w.updated_at) / (self.config.prefill_ms_per_token * w.slowdown) * 1000.0
             w.backlog = max(0.0, w.backlog - drained)
+            w.routed_backlog = max(0.0, w.routed_backlog - drained)
             w.churn *= 0.5 ** ((now - w.updated_at) / CHURN_HALF_LIFE_S)
             w.updated_at = now
         m = ep.metrics
         if m is not None and m.ok and m.updated_at > w.seen_scrape_at:
             w.seen_scrape_at = m.updated_at
+            # The queue's share that the prefill routed there explains (slots.py); not the
+            # corrected backlog, which a scrape's waiting requests raise by themselves.
+            w.slots.observe(m, w.routed_backlog / w.mean_uncached if w.mean_uncached > 0 else 0.0)
             if m.waiting <= 0 and m.running <= 0:
                 w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
+                w.routed_backlog = min(w.routed_backlog, w.backlog)
             elif m.waiting > 0:
                 w.backlog = max(w.backlog, m.waiting * w.mean_uncached)
             w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
@@ -168,14 +200,16 @@ class LatencyModel:
             c = self.config
             ratio = observed_ms / predicted_ms
             w.slowdown = min(max(w.slowdown + ALPHA * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
+            w.calibration_source = "ttft-histogram"
         w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
 
-    def snapshot(self, now: float) -> list[tuple[str, float, float]]:
-        """(endpoint, backlog drained to `now`, slowdown) per endpoint, without changing the state."""
+    def snapshot(self, now: float) -> list[tuple[str, float, float, SlotState]]:
+        """(endpoint, backlog drained to `now`, slowdown, slot state) per endpoint, without
+        changing the state."""
         out = []
         for key, w in self._work.items():
             drained = max(0.0, now - w.updated_at) / (self.config.prefill_ms_per_token * w.slowdown) * 1000.0
-            out.append((key, max(0.0, w.backlog - drained), w.slowdown))
+            out.append((key, max(0.0, w.backlog - drained), w.slowdown, w.slots))
         return out
 
     def forget_others(self, keep: Sequence[Endpoint]) -> None:
@@ -191,12 +225,61 @@ class LatencyModel:
     def prompt_tokens(self, prompt_tokens: int, prompt_bytes: int) -> float:
         return float(prompt_tokens) if prompt_tokens > 0 else prompt_bytes / self.bytes_per_token
 
-    def base_ttft_ms(self, ep: Endpoint, w: EndpointWork, uncached: float) -> float:
-        """Predicted TTFT without the endpoint's slowdown (see the module docstring)."""
+    def base_ttft_ms(self, ep: Endpoint, w: EndpointWork, uncached: float, backlog: bool = True) -> float:
+        """Predicted TTFT without the endpoint's slowdown (see the module docstring); `backlog`
+        False: as if the request were admitted now, after its wait for a slot."""
         c = self.config
-        work = w.backlog + uncached
+        work = (w.backlog if backlog else 0.0) + uncached
         steps = max(1.0, math.ceil(work / c.step_tokens))
         return c.overhead_ms + work * c.prefill_ms_per_token + steps * c.decode_ms_per_seq * endpoint_load(ep)
+
+    def predict(self, ep: Endpoint, w: EndpointWork, uncached: float) -> tuple[float, float, float]:
+        """(predicted TTFT, its base without slowdown and slot wait, the slot wait), in ms."""
+        base = self.base_ttft_ms(ep, w, uncached)
+        wait = w.slots.wait_ms(endpoint_load(ep))
+        ttft = w.slowdown * base
+        if wait > 0:
+            ttft = max(ttft, wait + w.slowdown * self.base_ttft_ms(ep, w, uncached, backlog=False))
+        return ttft, base, wait
+
+    def decode_ms(self, ep: Endpoint, output_tokens: int) -> float:
+        """Predicted decode time of `output_tokens` on `ep` without slowdown; -1 when unknown."""
+        if output_tokens <= 0:
+            return -1.0
+        c = self.config
+        return output_tokens * (c.decode_step_ms + c.decode_ms_per_seq * endpoint_load(ep))
+
+    def describe(self, ep: Endpoint, w: EndpointWork, wait_ms: float) -> str:
+        """The signals a prediction for `ep` used (--explain-decisions)."""
+        m = ep.metrics
+        queue = "scraped" if m is not None and m.ok else "unknown"
+        return (f"{w.slots.describe()} slot_wait={wait_ms:.0f}ms queue={queue} "
+                f"slowdown={w.slowdown:.2f}({w.calibration_source})")
+
+    def response_ended(self, ep: Endpoint, routing: Routing, now: float) -> None:
+        """The response of a request routed to `ep` (as `routing` says) ended at `now`: learn its
+        occupancy, and calibrate from it where the engine exports no TTFT histogram."""
+        w = self.work(ep, now)
+        elapsed_ms = max(0.0, now - routing.at) * 1000.0
+        w.slots.finished(elapsed_ms, routing.wait_ms)
+        m = ep.metrics
+        if not self.config.calibrate or routing.decode_ms < 0 or (m is not None and m.ttft_count >= 0):
+            return
+        w.ends_observed_ms += max(0.0, elapsed_ms - routing.wait_ms)
+        w.ends_predicted_ms += routing.base_ms + routing.decode_ms
+        w.ends += 1
+        if w.ends < MIN_ENDS:
+            return
+        if w.ends_predicted_ms > 0:
+            c = self.config
+            ratio = w.ends_observed_ms / w.ends_predicted_ms
+            # A running mean until its weight falls to ALPHA's, as for bytes per token: an engine
+            # 20x off the prior would otherwise take a dozen windows to be measured.
+            w.ends_windows += 1
+            step = max(ALPHA, 1.0 / w.ends_windows)
+            w.slowdown = min(max(w.slowdown + step * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
+            w.calibration_source = "response-ends"
+        w.ends_observed_ms, w.ends_predicted_ms, w.ends = 0.0, 0.0, 0
 
     def routed(self, ep: Endpoint, uncached: float, base_ms: float | None, now: float,
                prompt_bytes: int = 0) -> None:
@@ -204,6 +287,7 @@ class LatencyModel:
         (None: not this picker's prediction, e.g. a fallback that served; not calibrated on)."""
         w = self.work(ep, now)
         w.backlog += uncached
+        w.routed_backlog += uncached
         w.routed_total += uncached
         w.churn += uncached
         w.routed_tokens_since_scrape += uncached
@@ -225,10 +309,12 @@ class LatencyModel:
         everything queued before it (FIFO): at most the tokens routed after it remain."""
         w = self.work(ep, now)
         w.backlog = max(0.0, min(w.backlog, w.routed_total - mark))
+        w.routed_backlog = min(w.routed_backlog, w.backlog)
 
     def unrouted(self, ep: Endpoint, uncached: float, now: float) -> None:
         """A request routed to `ep` went elsewhere (a fallback served it): take its work back."""
         w = self.work(ep, now)
         w.backlog = max(0.0, w.backlog - uncached)
+        w.routed_backlog = max(0.0, w.routed_backlog - uncached)
         w.routed_tokens_since_scrape = max(0.0, w.routed_tokens_since_scrape - uncached)
         w.routed_tokens_before = max(0.0, w.routed_tokens_before - uncached)

@@ -18,8 +18,9 @@
    expire).
 
 `Decision` keeps each scorer's score of the chosen endpoint, the matched blocks and, with
-predicted-ttft-scorer, every candidate's predicted TTFT, which the optional explanation header
-reports.
+predicted-ttft-scorer, every candidate's predicted TTFT and the signals the chosen endpoint's
+prediction used (its slot limit and occupancy or "unknown", the slot wait charged, whether its
+queue was scraped, where its slowdown comes from), which the optional explanation header reports.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class Decision:
         if self.request is not None and self.request.predictions:
             ranked = sorted(self.request.predictions.items(), key=lambda kv: kv[1][0])
             parts.append("predicted_ttft_ms=" + ",".join(f"{k}:{p[0]:.1f}" for k, p in ranked))
+            used = self.request.signals.get(self.primary.key)
+            if used:
+                parts.append(f"signals={used}")
         return "; ".join(parts)
 
 

@@ -43,6 +43,7 @@ families:
 | model_names | `model_name` labels of vllm:num_requests_running | all |
 | ttft_sum_s, ttft_count | vllm:time_to_first_token_seconds_sum / _count | summed |
 | prompt_tokens | vllm:prompt_tokens_total | summed |
+| waiting_capacity | vllm:num_requests_waiting_by_reason{reason="capacity"} | summed |
 | started_at | process_start_time_seconds (the engine's API server process) | the newest |
 
 A changed `started_at` is an engine restart: `Datastore.set_metrics` tells its `on_restarted`
@@ -99,6 +100,7 @@ LORA_INFO = b"vllm:lora_requests_info"
 TTFT_SUM = b"vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = b"vllm:time_to_first_token_seconds_count"
 PROMPT_TOKENS = b"vllm:prompt_tokens_total"
+WAITING_BY_REASON = b"vllm:num_requests_waiting_by_reason"
 PROCESS_START = b"process_start_time_seconds"
 # The sample names the filtered URL asks for: every name parse_vllm_metrics reads (a new family is
 # one constant above, one entry here, and its lines in parse_vllm_metrics).
@@ -150,6 +152,9 @@ def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
     prompt_tokens = samples(body, PROMPT_TOKENS, want_labels=False)
     if prompt_tokens:
         m.prompt_tokens = sum(v for _, v in prompt_tokens)
+    by_reason = samples(body, WAITING_BY_REASON)
+    if by_reason:
+        m.waiting_capacity = sum(v for labels, v in by_reason if labels.get("reason") == "capacity")
     started = samples(body, PROCESS_START, want_labels=False)
     if started:
         m.started_at = max(v for _, v in started)

@@ -141,6 +141,7 @@ def test_the_config_file_roles_are_as_before() -> None:
         "--kv-events-index-capacity": "kv_events.index_capacity",
         "--kv-events-speculative-ttl": "kv_events.speculative_ttl_s",
         "--prefill-ms-per-token": "latency.prefill_ms_per_token", "--eviction-weight": "latency.eviction_weight",
+        "--decode-step-ms": "latency.decode_step_ms",
         "--affinity-credit": "latency.affinity_credit", "--new-prefix-placement": "latency.new_prefix_placement",
         "--ttft-calibration": "latency.calibrate"}
     assert set(PROFILE_FLAGS) == {("--prefix-weight", "weights.prefix"), ("--inflight-weight", "weights.inflight"),

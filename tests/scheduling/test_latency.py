@@ -6,6 +6,7 @@ import pytest
 
 from extproc.config.settings import LatencyConfig
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.scheduling.interfaces import Routing
 from extproc.scheduling.latency import CHURN_HALF_LIFE_S, LatencyModel
 
 # Round numbers: 0.1 ms per token (10 tokens per ms), overhead 10 ms, 0.5 ms per running sequence
@@ -200,3 +201,46 @@ def test_bytes_per_token_is_measured_from_the_first_window_then_averaged() -> No
     assert window(8, 7600, 1000, counters) == pytest.approx(6.8)  # from now on, ALPHA
     assert window(8, 64_000, 1000, counters) == 16.0  # clamped
     assert model.prompt_tokens(0, 32_000) == 2000  # prompts the picker did not tokenize
+
+
+def test_slowdown_is_learned_from_response_ends_without_a_ttft_histogram() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    scrape(ds, ep, clock.now)  # running and waiting only: no TTFT histogram (ttft_count -1)
+    w = model.work(ep, clock.now)
+    # Each request: base 100 ms, 20 output tokens at decode_step_ms 8 and no one running: 160 ms.
+    decode = model.decode_ms(ep, 20)
+    assert decode == pytest.approx(20 * 8.0)
+    assert model.decode_ms(ep, 0) == -1.0  # output length unknown
+    started = clock.now
+
+    def end(elapsed_s: float, wait_ms: float = 0.0, decode_ms: float = decode) -> None:
+        clock.now = started + elapsed_s
+        model.response_ended(ep, Routing(ep.key, started, 100.0, wait_ms, decode_ms), clock.now)
+
+    for _ in range(7):
+        end(2.6)  # observed 2,600 ms against 260 predicted: 10x
+    end(0.5, decode_ms=-1.0)  # no output length: not a sample
+    assert w.slowdown == 1.0 and w.calibration_source == "prior"
+    end(2.7, wait_ms=100.0)  # the 8th: its charged slot wait is not the engine's slowness
+    # The first window replaces the prior: 8 x 2,600 / (8 x 260) = 10.
+    assert w.slowdown == pytest.approx(10.0)
+    assert w.calibration_source == "response-ends"
+    for _ in range(8):
+        end(0.26 * 40)  # 40x: the second window weighs 1/2
+    assert w.slowdown == pytest.approx(10 + 0.5 * (40 - 10))  # 25
+    for _ in range(8):
+        end(0.26 * 200)  # 200x: clamped at max_slowdown (50)
+    assert w.slowdown == 50.0
+    # Where the engine exports its TTFT histogram, that calibrates instead.
+    scrape(ds, ep, clock.now, ttft=(0.0, 0.0))
+    model.work(ep, clock.now)
+    for _ in range(8):
+        end(0.026)
+    assert w.slowdown == 50.0
+
+
+def test_the_default_slowdown_range_covers_a_cpu_engine_and_a_fast_one() -> None:
+    c = LatencyConfig()
+    assert (c.min_slowdown, c.max_slowdown) == (0.1, 50.0)

@@ -80,6 +80,9 @@ def test_warm_replica_with_a_long_queue_loses_to_an_idle_cold_one() -> None:
     assert d.primary is other
     explained = d.explain()
     assert f"predicted_ttft_ms={other.key}:420.0,{first.key}:6030.0" in explained  # r1 still queued: 100 + 60,000 + 100
+    # No engine metrics here: the signals the prediction lacked are named unknown, not taken as 0.
+    assert explained.endswith("signals=slots=unknown occupancy=unknown slot_wait=0ms queue=unknown "
+                              "slowdown=1.00(prior)")
 
 
 def test_a_prefix_still_prefilling_counts_as_cached_where_it_was_routed() -> None:

@@ -84,3 +84,12 @@ def test_auto_tune_formula() -> None:
     assert auto_tuned_capacity(m, block_size_bytes=128, bytes_per_token=4) == 500
     m.num_gpu_blocks = 0
     assert auto_tuned_capacity(m, 64, 4) is None
+
+
+def test_waiting_by_reason_is_read_where_exported_and_unknown_elsewhere() -> None:
+    text = (b'vllm:num_requests_waiting{model_name="m"} 5\n'
+            b'vllm:num_requests_waiting_by_reason{model_name="m",reason="capacity"} 3\n'
+            b'vllm:num_requests_waiting_by_reason{model_name="m",reason="deferred"} 2\n')
+    m = parse_vllm_metrics(text, 0.0)
+    assert (m.waiting, m.waiting_capacity) == (5, 3)
+    assert parse_vllm_metrics(b'vllm:num_requests_waiting{model_name="m"} 5\n', 0.0).waiting_capacity == -1

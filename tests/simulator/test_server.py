@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.tokenization.builtin import count, encode, render_chat
@@ -276,3 +277,24 @@ def test_replica_addresses() -> None:
     assert replica_address(CFG, 2, 8001) == ("127.0.0.1", 8003)
     assert replica_address(CFG, 2, 0) == ("127.0.0.1", 0)
     assert replica_address(CFG.replace(spread_hosts=True), 2, 8000) == ("127.0.0.3", 8000)
+
+
+async def test_a_minimal_metrics_surface_and_a_slow_replica() -> None:
+    cfg = CFG.replace(replicas=2, metrics_surface="minimal", slow_replicas=1, slow_factor=4.0)
+    async with serving(cfg, n=2) as (reps, s):
+        status, _, _ = await post(s, reps[1].url + "/v1/completions", {"model": "sim-model", "prompt": PROMPT,
+                                                                       "max_tokens": 2})
+        assert status == 200
+        got = await metrics(s, reps[1])
+        assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                "vllm:cache_config_info"} == set(got)  # no TTFT histogram, no token counters
+        fast, slow = reps[0].engine.config, reps[1].engine.config  # the last replica is the slow one
+        assert (fast.prefill_time_per_token, fast.inter_token_latency) == (0.06, 8.0)
+        assert slow.prefill_time_per_token == pytest.approx(0.24) and slow.inter_token_latency == 32.0
+        assert slow.decode_time_per_seq == pytest.approx(0.6) and slow.prefill_overhead == 8.0
+    with pytest.raises(ValueError, match="slow_replicas"):
+        CFG.replace(slow_replicas=2)
+
+
+def test_without_slow_replicas_every_replica_keeps_the_costs_however_many_run() -> None:
+    assert CFG.replicas == 1 and CFG.for_replica(3) is CFG  # run_replicas may start more than `replicas`

@@ -7,7 +7,9 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    prompt's bytes, in tokens; a match of all max_prefix_blocks looked up counts as the whole
    prompt (what lies beyond is not hashed). A prefix still being computed there counts
    (latency.py). uncached(e) = prompt tokens - cached(e).
-2. ttft(e): queued prefill work on e plus uncached(e), at e's prefill rate, plus decode contention.
+2. ttft(e): queued prefill work on e plus uncached(e), at e's prefill rate, plus decode contention,
+   or, where e's sequence slots are all taken, the expected wait for one plus uncached(e)'s
+   prefill, whichever is larger (latency.py, slots.py).
    Prefix affinity needs no weight of its own: a warm replica has less to prefill, and it keeps the
    prefix until its queue costs more than a cold replica's full prefill ("sticky until saturated").
 3. Capacity: copying a prefix that another candidate already holds evicts as many tokens of
@@ -37,10 +39,12 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    the endpoint keeps the key until its queue costs more than that share of a prefill.
 5. score(e) = min cost / cost(e): 1 for the best, in (0, 1] for the rest; the max-score picker
    then takes the least cost (random among equals). Each candidate's prediction is kept in
-   `request.predictions` for --explain-decisions.
+   `request.predictions`, and the signals it used in `request.signals`, for --explain-decisions.
 
-After the pick (PickObserver), the chosen endpoint's backlog grows by its uncached tokens; when the
-response ends, what was queued there before the request is known done.
+After the pick (PickObserver), the chosen endpoint's backlog grows by its uncached tokens and the
+request keeps what it was charged (`request.routing`); when the response ends, what was queued
+there before the request is known done, and the time since the pick is an occupancy sample (and
+a calibration sample where the engine exports no TTFT histogram).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
 from extproc.core.datastore import Endpoint
 from extproc.prefix.capacity import auto_tuned_capacity
 from extproc.prefix.index import PrefixIndex
-from extproc.scheduling.interfaces import SchedulingRequest
+from extproc.scheduling.interfaces import Routing, SchedulingRequest
 from extproc.scheduling.latency import LatencyModel
 
 MAX_HOMES = 65536  # prefix families remembered (~100 bytes each)
@@ -142,9 +146,11 @@ class PredictedTtftScorer:
         others = len(self._homes) - (1 if home_key else 0)
         mean_homes = others / len(endpoints) if most <= 0 and endpoints else 0.0
         mean_churn = sum(w.churn for w in works) / len(works) if self._by_churn and mean_homes > 0 else 0.0
+        signals = request.signals
         for ep, w, hit in zip(endpoints, works, cached, strict=True):
             uncached = tokens - hit
-            ttft = w.slowdown * model.base_ttft_ms(ep, w, uncached)
+            ttft, _, wait = model.predict(ep, w, uncached)
+            signals[ep.key] = model.describe(ep, w, wait)
             cost = ttft
             held = most if ep.key == home_key else max(most, min(shared, tokens))
             if c.eviction_weight and (hit < held or mean_homes > 0):
@@ -170,11 +176,14 @@ class PredictedTtftScorer:
         if predicted is None:
             return
         now = self._clock()
-        ttft, uncached = predicted
+        _, uncached = predicted
         w = self.model.work(chosen, now)
         family = request.block_hashes[0] if request.block_hashes else None
         _, tokens = self._prompt_size(request)
-        self.model.routed(chosen, uncached, ttft / w.slowdown, now, request.prompt_bytes)
+        _, base, wait = self.model.predict(chosen, w, uncached)
+        request.routing = Routing(chosen.key, now, base, wait,
+                                  self.model.decode_ms(chosen, request.max_output_tokens))
+        self.model.routed(chosen, uncached, base, now, request.prompt_bytes)
         if self.auto_tune:
             self._retune(chosen)
         request.backlog_mark = (chosen.key, self.model.mark(chosen))
@@ -201,8 +210,12 @@ class PredictedTtftScorer:
 
     def finished(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
         mark = request.backlog_mark
+        now = self._clock()
         if mark is not None and mark[0] == endpoint.key:
-            self.model.finished(endpoint, mark[1], self._clock())
+            self.model.finished(endpoint, mark[1], now)
+        routing = request.routing
+        if routing is not None and routing.endpoint == endpoint.key:
+            self.model.response_ended(endpoint, routing, now)
 
     def moved(self, request: SchedulingRequest, primary: Endpoint, served: Endpoint) -> None:
         now = self._clock()
@@ -213,3 +226,4 @@ class PredictedTtftScorer:
         if after is not None:
             self.model.routed(served, after[1], None, now)
             request.backlog_mark = (served.key, self.model.mark(served))
+        request.routing = None  # not this picker's prediction any more: neither occupancy nor calibration

@@ -1,0 +1,100 @@
+"""Capacity queues: the wait for a free sequence slot on an endpoint that admits no more.
+
+An engine admits at most a limited number of running sequences (vLLM's max_num_seqs, or fewer
+when its KV blocks run out); beyond them requests queue FIFO, however little prefill they
+carry. The prefill backlog (extproc/scheduling/latency.py) cannot see that queue, so this
+module learns it per endpoint (`SlotState`):
+
+- occupancy T: how long a request holds the endpoint, from the response ends the picker sees:
+      sample = (end - routed) - the slot wait predicted for it when it was routed
+      T <- sample (the first), then T + ALPHA x (sample - T)
+  Unknown until a response has ended there.
+- admission limit L: running sequences at which the engine stopped admitting. A scrape with
+  waiting > 0 and running > 0 is a saturated observation when
+    - vllm:num_requests_waiting_by_reason{reason="capacity"} > 0, where exported (the requests
+      wait for KV blocks or slots); where exported and 0, the queue is not for capacity (prefill
+      budget, adapters) and nothing is learned;
+    - else kv usage >= KV_FULL (0.95): the cache admits no more;
+    - else running is at the most running seen since the endpoint was first scraped (a ceiling),
+      the prefill the picker routed there and predicts not yet done explains at most half of the
+      queue (a queue of prompts waiting for prefill is no capacity limit: vLLM admits by token
+      budget too), and the queue was seen so CEILING_SCRAPES (2) scrapes in a row.
+  L <- running at a saturated observation (the latest: a KV limit moves with the prompts'
+  lengths). A scrape showing running > L without a queue proves L no limit: L becomes unknown.
+  Unknown until a saturated observation, and for an engine exporting no running/waiting gauges.
+
+Expected wait for a request routed to e, with n requests there already (running, waiting and
+routed since the scrape: extproc/scheduling/load.py):
+
+    ahead = n - L + 1                        its place in the queue beyond the L slots
+    wait  = ahead x T / L   if ahead > 0     slots free one every T / L on average
+          = 0               otherwise (a slot is free)
+
+Signals an engine does not export, or that were not seen yet, are unknown, never zero: without
+L or T no wait is charged, and `describe` says which were missing (--explain-decisions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from extproc.core.datastore import ModelServerMetrics
+
+ALPHA = 0.2
+KV_FULL = 0.95
+CEILING_SCRAPES = 2
+
+
+@dataclass(slots=True)
+class SlotState:
+    occupancy_ms: float = -1.0  # T; -1: unknown
+    limit: float = -1.0  # L; -1: unknown
+    limit_source: str = ""  # "capacity-reason", "kv-full" or "ceiling"
+    peak_running: float = 0.0  # the most running sequences any scrape showed
+    ceiling_seen: int = 0  # consecutive saturated scrapes at the peak
+    saturated: bool = False  # the last scrape showed a capacity queue
+
+    def observe(self, m: ModelServerMetrics, prefill_queued: float = 0.0) -> None:
+        """Learn from one scrape (called once per new scrape); `prefill_queued`: the requests'
+        worth of prefill the picker predicts still queued there (backlog / mean uncached tokens)."""
+        running, waiting = m.running, m.waiting
+        at_peak = running >= self.peak_running
+        self.peak_running = max(self.peak_running, running)
+        source = ""
+        if waiting > 0 and running > 0:
+            if m.waiting_capacity >= 0:
+                source = "capacity-reason" if m.waiting_capacity > 0 else ""
+            elif m.kv_usage >= KV_FULL:
+                source = "kv-full"
+            elif at_peak and prefill_queued <= waiting / 2:
+                self.ceiling_seen += 1
+                source = "ceiling" if self.ceiling_seen >= CEILING_SCRAPES else ""
+            else:
+                self.ceiling_seen = 0
+        else:
+            self.ceiling_seen = 0
+        self.saturated = bool(source)
+        if source:
+            self.limit, self.limit_source = running, source
+        elif self.limit > 0 and running > self.limit:
+            self.limit, self.limit_source = -1.0, ""
+
+    def finished(self, elapsed_ms: float, charged_wait_ms: float) -> None:
+        """A response ended `elapsed_ms` after its routing, having been charged `charged_wait_ms`."""
+        sample = max(elapsed_ms - charged_wait_ms, 0.0)
+        if self.occupancy_ms < 0:
+            self.occupancy_ms = sample
+        else:
+            self.occupancy_ms += ALPHA * (sample - self.occupancy_ms)
+
+    def wait_ms(self, load: float) -> float:
+        """Expected wait for a slot with `load` requests there already; 0 when L or T is unknown."""
+        if self.limit <= 0 or self.occupancy_ms < 0:
+            return 0.0
+        ahead = load - self.limit + 1
+        return ahead * self.occupancy_ms / self.limit if ahead > 0 else 0.0
+
+    def describe(self) -> str:
+        limit = f"{self.limit:.0f}({self.limit_source})" if self.limit > 0 else "unknown"
+        occupancy = f"{self.occupancy_ms:.0f}ms" if self.occupancy_ms >= 0 else "unknown"
+        return f"slots={limit} occupancy={occupancy}"

@@ -1,0 +1,143 @@
+"""The wait for a sequence slot (extproc/scheduling/slots.py, latency.py) against hand-computed sequences."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.config.settings import LatencyConfig
+from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.scheduling.interfaces import Routing
+from extproc.scheduling.latency import LatencyModel
+from extproc.scheduling.slots import SlotState
+
+# Round numbers: 0.1 ms per token, overhead 10 ms, no decode contention, 1,000 tokens per step.
+CONFIG = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0, step_tokens=1000)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def metrics(waiting: float, running: float, *, kv: float = 0.3, capacity: float = -1.0,
+            at: float = 0.0) -> ModelServerMetrics:
+    return ModelServerMetrics(waiting=waiting, running=running, kv_usage=kv, waiting_capacity=capacity,
+                              updated_at=at, ok=True)
+
+
+def one_endpoint() -> tuple[Datastore, Endpoint]:
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
+    return ds, ds.snapshot()[0]
+
+
+def test_the_slot_wait_follows_the_queue_beyond_the_learned_limit() -> None:
+    s = SlotState()
+    assert s.wait_ms(50) == 0.0 and s.describe() == "slots=unknown occupancy=unknown"
+    for running in (3, 6, 8):  # no queue: the limit is not seen yet
+        s.observe(metrics(0, running))
+    s.observe(metrics(2, 8))  # a queue at the peak, once: not yet a ceiling
+    assert s.limit == -1.0
+    s.observe(metrics(4, 8))  # again at the same level: the engine admits no more than 8
+    assert (s.limit, s.limit_source, s.saturated) == (8, "ceiling", True)
+    assert s.wait_ms(20) == 0.0  # the occupancy is still unknown: no wait charged, none assumed
+    # Occupancy from response ends: 200 ms, then 400 ms of which 100 ms was the charged wait.
+    s.finished(200.0, 0.0)
+    s.finished(400.0, 100.0)
+    assert s.occupancy_ms == pytest.approx(200 + 0.2 * (300 - 200))  # 220
+    assert s.describe() == "slots=8(ceiling) occupancy=220ms"
+    # ahead = load - 8 + 1; one slot frees every 220 / 8 = 27.5 ms.
+    assert [s.wait_ms(load) for load in (0, 7, 8, 9, 12, 16)] == pytest.approx(
+        [0.0, 0.0, 27.5, 55.0, 137.5, 247.5])
+    s.observe(metrics(0, 10))  # 10 running without a queue: 8 was no limit
+    assert s.limit == -1.0 and s.wait_ms(16) == 0.0 and not s.saturated
+
+
+def test_a_queue_of_prompts_waiting_for_prefill_is_no_slot_limit() -> None:
+    s = SlotState()
+    for _ in range(3):  # 6 waiting at the peak, but 4 requests' worth of prefill still queued there
+        s.observe(metrics(6, 5), prefill_queued=4.0)
+    assert s.limit == -1.0 and not s.saturated
+    for _ in range(2):  # the prefill is done and the queue stays: it waits for slots
+        s.observe(metrics(6, 5), prefill_queued=3.0)
+    assert (s.limit, s.limit_source) == (5, "ceiling")
+
+
+def test_the_limit_comes_from_the_capacity_reason_or_a_full_cache_at_once() -> None:
+    s = SlotState()
+    s.observe(metrics(3, 5, capacity=3))  # the engine says they wait for capacity
+    assert (s.limit, s.limit_source) == (5, "capacity-reason")
+    s = SlotState()
+    s.observe(metrics(3, 5, capacity=0))  # it says they do not (prefill budget): nothing learned,
+    s.observe(metrics(3, 5, capacity=0))  # even at the same level twice
+    assert s.limit == -1.0 and not s.saturated
+    s = SlotState()
+    s.observe(metrics(0, 9))
+    s.observe(metrics(2, 4, kv=0.97))  # below the peak, but the KV cache is full
+    assert (s.limit, s.limit_source) == (4, "kv-full")
+
+
+def test_a_saturated_endpoint_is_charged_the_slot_wait_not_its_prefill_backlog_twice() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    w = model.work(ep, clock.now)
+    w.slots.limit, w.slots.occupancy_ms = 4.0, 400.0  # one slot frees every 100 ms
+    for _ in range(6):
+        ds.acquire(ep.key)  # 6 in flight: this request is 3rd beyond the 4 slots
+    model.routed(ep, 500, None, clock.now)  # 500 tokens of prefill backlog: 50 ms
+    ttft, base, wait = model.predict(ep, w, 1000)
+    assert base == pytest.approx(10 + 1500 * 0.1)  # 160 ms: backlog + own prefill
+    assert wait == pytest.approx(300.0)
+    assert ttft == pytest.approx(max(160.0, 300 + 10 + 1000 * 0.1))  # 410 ms
+    # Without a queue beyond the slots the backlog prediction stands.
+    for _ in range(4):
+        ds.release(ep)
+    assert model.predict(ep, w, 1000) == pytest.approx((160.0, 160.0, 0.0))
+    # A slower engine pays its slowdown on the prefill, not on the measured wait.
+    w.slowdown = 2.0
+    for _ in range(4):
+        ds.acquire(ep.key)
+    assert model.predict(ep, w, 1000)[0] == pytest.approx(300 + 2 * 110)
+
+
+def test_occupancy_is_learned_from_response_ends_through_the_model() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    for _ in range(2):  # the engine queues at 2 running, twice: limit 2
+        clock.now += 0.1
+        ds.set_metrics(ep.key, metrics(3, 2, at=clock.now))
+        model.work(ep, clock.now)
+    start = clock.now
+    clock.now += 0.5
+    model.response_ended(ep, Routing(ep.key, start, 50.0, 0.0, -1.0), clock.now)
+    w = model.work(ep, clock.now)
+    assert w.slots.occupancy_ms == pytest.approx(500.0)
+    assert w.slots.limit == 2
+    # The scraped load is 2 running + 3 waiting: 4th beyond the 2 slots, one frees every 250 ms.
+    assert model.predict(ep, w, 0)[2] == pytest.approx(4 * 250.0)
+    assert model.describe(ep, w, 1000.0) == (
+        "slots=2(ceiling) occupancy=500ms slot_wait=1000ms queue=scraped slowdown=1.00(prior)")
+
+
+def test_the_queue_share_prefill_explains_is_the_routed_prefill_not_the_corrected_backlog() -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    for _ in range(4):
+        model.routed(ep, 1000, None, clock.now)  # 4 requests of 100 ms prefill each
+    for _ in range(2):  # 8 waiting at 2 running, twice, while those 4 prefills are still queued
+        clock.now += 0.01
+        ds.set_metrics(ep.key, metrics(8, 2, at=clock.now))
+        w = model.work(ep, clock.now)
+    assert w.slots.limit == -1.0 and w.backlog >= 8 * w.mean_uncached  # the scrape raised the backlog
+    clock.now += 0.5  # the routed prefill is done (each scrape still raises the corrected backlog)
+    for _ in range(2):
+        clock.now += 0.01
+        ds.set_metrics(ep.key, metrics(8, 2, at=clock.now))
+        w = model.work(ep, clock.now)
+    assert (w.slots.limit, w.slots.limit_source) == (2, "ceiling")
