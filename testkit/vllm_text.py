@@ -32,7 +32,7 @@ def noise(engines: int = 3, model: str = "m") -> bytes:
                 h.labels(model, str(e)).observe(rng.expovariate(2.0))
     c = Counter("vllm:prompt_tokens", "Prompt tokens", ["model_name", "engine"], registry=reg)
     c.labels(model, "0").inc(12345)
-    decoy = Gauge("vllm:num_requests_waiting_by_reason", "Decoy: extends a wanted name", ["reason"], registry=reg)
+    decoy = Gauge("vllm:num_requests_waiting_decoy", "Decoy: extends a wanted name", ["reason"], registry=reg)
     decoy.labels("capacity").set(999)
     return generate_latest(reg)
 

@@ -105,7 +105,7 @@ PROCESS_START = b"process_start_time_seconds"
 # The sample names the filtered URL asks for: every name parse_vllm_metrics reads (a new family is
 # one constant above, one entry here, and its lines in parse_vllm_metrics).
 FAMILIES = (WAITING, RUNNING, KV_USAGE, KV_USAGE_V0, CACHE_CONFIG, LORA_INFO, TTFT_SUM, TTFT_COUNT,
-            PROMPT_TOKENS, PROCESS_START)
+            PROMPT_TOKENS, WAITING_BY_REASON, PROCESS_START)
 
 
 __all__ = ["FAMILIES", "MetricsScraper", "ScrapeError", "family_query", "parse_vllm_metrics"]

@@ -7,8 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.prefix.capacity import auto_tuned_capacity
 from extproc.scraping.prom_text import samples
-from extproc.scraping.scraper import ScrapeError, parse_vllm_metrics
-from testkit.vllm_text import exposition, noise
+from extproc.scraping.scraper import FAMILIES, ScrapeError, parse_vllm_metrics
+from testkit.vllm_text import exposition, noise, restrict
 
 WANTED = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
           "vllm:cache_config_info", "vllm:lora_requests_info")
@@ -29,7 +29,7 @@ def test_agrees_with_prometheus_client_on_every_wanted_sample() -> None:
 
 def test_decoy_names_comments_and_histograms_are_not_read() -> None:
     text = exposition(1, 0, 0.0)
-    assert b"vllm:num_requests_waiting_by_reason" in text and b"# HELP vllm:num_requests_waiting " in text
+    assert b"vllm:num_requests_waiting_decoy" in text and b"# HELP vllm:num_requests_waiting " in text
     assert samples(text, b"vllm:num_requests_waiting") == [({"model_name": "m", "engine": "0"}, 1.0)]
     assert samples(text, b"vllm:time_to_first_token_seconds") == []  # only _bucket/_sum/_count lines exist
 
@@ -93,3 +93,15 @@ def test_waiting_by_reason_is_read_where_exported_and_unknown_elsewhere() -> Non
     m = parse_vllm_metrics(text, 0.0)
     assert (m.waiting, m.waiting_capacity) == (5, 3)
     assert parse_vllm_metrics(b'vllm:num_requests_waiting{model_name="m"} 5\n', 0.0).waiting_capacity == -1
+
+
+def test_the_filtered_page_carries_every_family_parsed() -> None:
+    """A filtered scrape (`?name[]=` for each of FAMILIES) reads what the whole page gives: a family
+    parsed but missing from FAMILIES would be silently unknown on every real vLLM."""
+    page = exposition(4, 3, 0.5, engines=2, loras=[("a", "", 4, 100.0)]) + (
+        b'vllm:num_requests_waiting_by_reason{model_name="m",reason="capacity"} 2\n'
+        b'process_start_time_seconds 1.7e9\n')
+    whole = parse_vllm_metrics(page, 0.0)
+    filtered = parse_vllm_metrics(restrict(page, frozenset(f.decode() for f in FAMILIES)), 0.0)
+    assert whole.waiting_capacity == 2
+    assert filtered == whole
