@@ -103,16 +103,7 @@ class Cluster:
                     continue
                 self.kube.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
                 names.append(crd["metadata"]["name"])
-        deadline = time.monotonic() + timeout
-        for name in names:
-            while True:
-                doc = self.kube.ok("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                conds = {c["type"]: c["status"] for c in (doc.get("status") or {}).get("conditions") or []}
-                if conds.get("Established") == "True":
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"CRD {name} not established")
-                time.sleep(0.05)
+        self.kube.wait_established(names, time.monotonic() + timeout)
 
     # -- credentials ----------------------------------------------------------------------------
     def token_for(self, namespace: str, name: str) -> str:

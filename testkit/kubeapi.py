@@ -218,15 +218,7 @@ class RealKube:
             self.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
             names.append(crd["metadata"]["name"])
         deadline = time.monotonic() + timeout
-        for name in names:
-            while True:
-                doc = self.ok("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                conds = {c["type"]: c["status"] for c in (doc.get("status") or {}).get("conditions") or []}
-                if conds.get("Established") == "True":
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"CRD {name} not established")
-                time.sleep(0.05)
+        self.wait_established(names, deadline)
         # Discovery of a new group can lag Established by a moment: wait until a LIST works.
         for f in sorted(directory.glob("*.yaml")):
             crd = yaml.safe_load(f.read_text())
@@ -237,6 +229,18 @@ class RealKube:
                     raise TimeoutError(f"{plural} not served")
                 time.sleep(0.05)
         return names
+
+    def wait_established(self, names: list[str], deadline: float) -> None:
+        """Wait until each named CRD is Established (TimeoutError past `deadline`, monotonic)."""
+        for name in names:
+            while True:
+                doc = self.ok("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conds = {c["type"]: c["status"] for c in (doc.get("status") or {}).get("conditions") or []}
+                if conds.get("Established") == "True":
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {name} not established")
+                time.sleep(0.05)
 
     def create_pod(self, name: str, labels: dict[str, str], ip: str = "127.0.0.1", ready: bool = True,
                    namespace: str = "default", annotations: dict[str, str] | None = None) -> dict[str, Any]:
