@@ -70,7 +70,11 @@ towards it as bytes per token does (the first window replaces the prior, the n-t
 until that falls to ALPHA). A request that stops before max_tokens reads as a faster engine; the TTFT histogram,
 where exported, is used instead. slowdown is clamped to [min_slowdown, max_slowdown] (0.1-50 by
 default: a CPU build or an old GPU against an H100 prior). Where neither source is available
-the prior stands (`calibration_source` says which one the slowdown comes from).
+the prior stands (`calibration_source` says which one the slowdown comes from). An endpoint
+not yet calibrated itself takes the pool's calibration (the geometric mean of the calibrated
+endpoints' slowdowns, source "pool") rather than the prior: replicas of one pool mostly run on
+like hardware, and a calibrated endpoint weighed against one still at a prior 10x off would win
+every decision by the prior's error alone, cache or no cache.
 
 With several active-active pickers each backlog holds only its own decisions; the scrape
 corrections and the TTFT calibration see every picker's traffic, at scrape granularity.
@@ -95,6 +99,7 @@ MIN_BYTES_PER_TOKEN = 1.0
 MAX_BYTES_PER_TOKEN = 16.0
 CHURN_HALF_LIFE_S = 120.0
 MIN_ENDS = 8
+CALIBRATED = ("ttft-histogram", "response-ends")  # calibration sources measured on the endpoint itself
 
 
 @dataclass(slots=True)
@@ -124,7 +129,7 @@ class EndpointWork:
     ends_predicted_ms: float = 0.0
     ends: int = 0
     ends_windows: int = 0  # response-end windows measured so far
-    calibration_source: str = "prior"  # "prior", "ttft-histogram" or "response-ends"
+    calibration_source: str = "prior"  # "prior", "pool", "ttft-histogram" or "response-ends"
     slots: SlotState = field(default_factory=SlotState)
 
 
@@ -139,13 +144,16 @@ class LatencyModel:
         self._bpt_windows = 0  # bytes-per-token windows measured so far (pool-wide)
         self.clock = clock
         self._work: dict[str, EndpointWork] = {}
+        self._pool_slowdown = 1.0  # the calibrated endpoints' geometric mean (_share_calibration)
 
     # -- per-endpoint state ------------------------------------------------------------------
     def work(self, ep: Endpoint, now: float) -> EndpointWork:
         """The endpoint's state, drained to `now` and corrected by a scrape not yet applied."""
         w = self._work.get(ep.key)
         if w is None:
-            w = self._work[ep.key] = EndpointWork(updated_at=now)
+            w = self._work[ep.key] = EndpointWork(updated_at=now, slowdown=self._pool_slowdown)
+            if self._pool_slowdown != 1.0:
+                w.calibration_source = "pool"
         if now > w.updated_at:
             drained = (now - w.updated_at) / (self.config.prefill_ms_per_token * w.slowdown) * 1000.0
             w.backlog = max(0.0, w.backlog - drained)
@@ -201,7 +209,19 @@ class LatencyModel:
             ratio = observed_ms / predicted_ms
             w.slowdown = min(max(w.slowdown + ALPHA * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
             w.calibration_source = "ttft-histogram"
+            self._share_calibration()
         w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
+
+    def _share_calibration(self) -> None:
+        """Endpoints not calibrated themselves take the pool's slowdown (module docstring); run once
+        per calibration window, so its O(endpoints) is off the per-request path."""
+        known = [w.slowdown for w in self._work.values() if w.calibration_source in CALIBRATED]
+        if not known:
+            return
+        self._pool_slowdown = math.exp(sum(math.log(x) for x in known) / len(known))
+        for w in self._work.values():
+            if w.calibration_source not in CALIBRATED:
+                w.slowdown, w.calibration_source = self._pool_slowdown, "pool"
 
     def snapshot(self, now: float) -> list[tuple[str, float, float, SlotState]]:
         """(endpoint, backlog drained to `now`, slowdown, slot state) per endpoint, without
@@ -279,6 +299,7 @@ class LatencyModel:
             step = max(ALPHA, 1.0 / w.ends_windows)
             w.slowdown = min(max(w.slowdown + step * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
             w.calibration_source = "response-ends"
+            self._share_calibration()
         w.ends_observed_ms, w.ends_predicted_ms, w.ends = 0.0, 0.0, 0
 
     def routed(self, ep: Endpoint, uncached: float, base_ms: float | None, now: float,

@@ -244,3 +244,33 @@ def test_slowdown_is_learned_from_response_ends_without_a_ttft_histogram() -> No
 def test_the_default_slowdown_range_covers_a_cpu_engine_and_a_fast_one() -> None:
     c = LatencyConfig()
     assert (c.min_slowdown, c.max_slowdown) == (0.1, 50.0)
+
+
+def test_an_endpoint_not_yet_calibrated_takes_the_pools_calibration() -> None:
+    """One endpoint measured 10x slower than the prior; another measured 2.5x: the third, with no
+    samples of its own, predicts at their geometric mean (5x), not at the prior, and an endpoint
+    discovered later starts there too; its own first window then replaces it."""
+    clock = Clock()
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in (1, 2, 3)])
+    a, b, c = ds.snapshot()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    for ep in (a, b, c):
+        scrape(ds, ep, clock.now)  # no TTFT histogram: calibrated from response ends
+    wc = model.work(c, clock.now)
+    started = clock.now
+
+    def window(ep: Endpoint, ratio: float) -> None:  # 8 ends at `ratio` x the 260 ms predicted
+        for _ in range(8):
+            clock.now = started + 0.26 * ratio
+            model.response_ended(ep, Routing(ep.key, started, 100.0, 0.0, 160.0), clock.now)
+
+    window(a, 10.0)
+    assert wc.slowdown == pytest.approx(10.0) and wc.calibration_source == "pool"
+    window(b, 2.5)
+    assert wc.slowdown == pytest.approx(5.0) and model.work(a, clock.now).slowdown == pytest.approx(10.0)
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in (1, 2, 3, 4)])
+    d = ds.snapshot()[3]
+    assert model.work(d, clock.now).slowdown == pytest.approx(5.0)
+    window(c, 1.0)
+    assert wc.slowdown == pytest.approx(1.0) and wc.calibration_source == "response-ends"

@@ -261,3 +261,19 @@ def test_the_end_of_a_response_tells_the_backlog() -> None:
     assert model.work(d.primary, clock.now).backlog == pytest.approx(2000)
     s.finished(d, d.primary)
     assert model.work(d.primary, clock.now).backlog == 0.0
+
+
+def test_an_engine_calibrated_far_below_the_prior_still_prefers_its_cache() -> None:
+    """Every endpoint measured 10x faster than the prior: predictions fall below the prior's fixed
+    cost, and the endpoint holding the prompt must still score above the cold ones (a floor at the
+    prior's overhead would tie them all, leaving the choice to the tie-break)."""
+    clock = Clock()
+    eps = pool(3)
+    index = PrefixIndex(100_000)
+    system = b"C" * 384  # 96 tokens: 10 + 9.6 ms at the prior, ~2 ms calibrated, ~1 ms cached
+    index.record(eps[1].key, request(system).block_hashes)
+    s = scheduler(clock, index)
+    for ep in eps:
+        ttft_scorer(s).model.work(ep, clock.now).slowdown = 0.1
+    for i in range(6):
+        assert s.schedule(request(system + b"%02d" % i, f"r{i}"), eps).primary is eps[1]

@@ -164,10 +164,11 @@ class PredictedTtftScorer:
             if ep.key in request.affinity_match:
                 cost -= c.affinity_credit * uncached * c.prefill_ms_per_token * w.slowdown
             predictions[ep.key] = (ttft, uncached)
-            costs.append(cost)
-        floor = max(c.overhead_ms, 1e-3)  # a credit never makes a cost vanish or turn negative
-        costs = [max(cost, floor) for cost in costs]
-        best = min(costs, default=floor)
+            # A credit never makes a cost vanish or turn negative: floored at the endpoint's own
+            # fixed cost, in its calibrated scale (an engine measured 10x faster than the prior
+            # predicts below the prior's overhead, and one floor for all would tie them).
+            costs.append(max(cost, c.overhead_ms * w.slowdown, 1e-3))
+        best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
 
     # -- PickObserver ----------------------------------------------------------------------------
