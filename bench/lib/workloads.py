@@ -381,7 +381,7 @@ def build(name: str, quick: bool = False, seed: int = 0, load: float = 1.0, max_
         from bench.lib.shapes_workload import MixedShapesParams, mixed_shapes
 
         ms = MixedShapesParams(conversations=30 if quick else 60, seed=seed)
-        return mixed_shapes(replace(ms, rate=ms.rate * load))
+        return mixed_shapes(replace(ms, rate=ms.rate * load, **out))
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
