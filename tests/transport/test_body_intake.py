@@ -244,11 +244,16 @@ def large_live_messages() -> list[str]:
     """Live protobuf messages over 1 MiB, and parsed bodies (upb memory is not traced by tracemalloc)."""
     gc.collect()
     out = []
+    messages = (pb.ProcessingRequest, pb.ProcessingResponse, pb.HttpBody)
     for o in gc.get_objects():
-        if isinstance(o, ParsedRequest):
+        # type(), not isinstance(): isinstance reads `__class__`, and a lazy module proxy (the
+        # openai package's, once imported by another test) imports modules when asked, which
+        # tracemalloc would count as held by the stream.
+        kind = type(o)
+        if kind is ParsedRequest:
             out.append("ParsedRequest")
-        elif isinstance(o, pb.ProcessingRequest | pb.ProcessingResponse | pb.HttpBody) and o.ByteSize() > MiB:
-            out.append(type(o).__name__)
+        elif kind in messages and o.ByteSize() > MiB:
+            out.append(kind.__name__)
     return out
 
 
