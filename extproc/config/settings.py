@@ -52,6 +52,16 @@ class SpillConfig:
 
 
 @dataclass(frozen=True)
+class BalanceConfig:
+    """Bounded reuse (predicted-ttft-scorer, extproc/scheduling/reuse.py): a cached prefix does not
+    count on an endpoint where more than `slack` in-flight requests already reuse it and which
+    holds more than ceil(factor x (pool load + 1) / endpoints) requests; factor 0: no bound."""
+
+    factor: float = 1.25
+    slack: float = 1.0
+
+
+@dataclass(frozen=True)
 class WeightsConfig:
     prefix: float = 5.0  # > queue 2 + inflight 2: a full cache hit outweighs any load difference
     # short of the spill limit (measured: see extproc/scheduling/build.py)
@@ -293,6 +303,7 @@ class EppConfig:
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     spill: SpillConfig = field(default_factory=SpillConfig)
+    balance: BalanceConfig = field(default_factory=BalanceConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     # Built-in profile when no EndpointPickerConfig gives one (extproc/scheduling/build.py):
     # predicted-ttft (least predicted time to first token) or weighted (the Go EPP's weighted sum).

@@ -9,8 +9,10 @@ predicted-ttft (the default):
 
 i.e. the endpoint with the least predicted time to first token, which weighs cache affinity,
 token-aware load and cache capacity in one unit (milliseconds) instead of adding scores of
-incomparable quantities. It is the default by measurement (`python -m bench.run --quick --repeat 3`,
-bench/results/bench-quick.md, means of 3 runs): TTFT p99 below the weighted profile's on six of
+incomparable quantities; a prefix hot on an endpoint above its share of the load is not credited
+there (bounded reuse, extproc/scheduling/reuse.py), so it spreads instead of piling up. It is the
+default by measurement (`python -m bench.run --quick --repeat 3`, bench/results/bench-quick.md,
+means of 3 runs, before bounded reuse): TTFT p99 below the weighted profile's on six of
 seven workloads, most where request counts mislead (mixed-length 1,862 vs 2,943 ms; hot-prefix 636
 vs 763), with an equal or higher hit rate everywhere; under cache pressure the two are level
 (p99 2,896 vs 2,783 ms, hit rate 31.9 % vs 29.1 %).

@@ -151,6 +151,8 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
         "affinityCredit": Param(_num(0), _set("latency", "affinity_credit")),
         "newPrefixPlacement": Param(_choice(*NEW_PREFIX_PLACEMENTS), _set("latency", "new_prefix_placement")),
         "calibrate": Param(_bool, _set("latency", "calibrate")),
+        "balanceFactor": Param(_num(0), _set("balance", "factor")),
+        "balanceSlack": Param(_num(0), _set("balance", "slack")),
     },
     "hot-spot-spill-filter": {
         "relative": Param(_num(1), _set("spill", "relative")),

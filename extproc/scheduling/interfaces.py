@@ -34,6 +34,7 @@ class Routing:
     base_ms: float  # predicted TTFT without the endpoint's slowdown and slot wait
     wait_ms: float  # the slot wait charged (extproc/scheduling/slots.py)
     decode_ms: float  # predicted decode time of its output without slowdown; -1: output length unknown
+    token: int = 0  # its place among the endpoint's own in-flight requests (slots.py's ages)
 
 
 @dataclass(slots=True)
@@ -55,6 +56,7 @@ class SchedulingRequest:
     predictions: dict[str, tuple[float, float]] = field(default_factory=dict)
     backlog_mark: tuple[str, float] | None = None  # (endpoint, its routed-token count once this was added)
     routing: Routing | None = None  # set by predicted-ttft-scorer at the pick
+    reuse: tuple[str, int] | None = None  # (endpoint, reuse key) counted by predicted-ttft-scorer
     # Per candidate key: the signals its prediction used, for --explain-decisions.
     signals: dict[str, str] = field(default_factory=dict)
 

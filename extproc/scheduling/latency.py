@@ -12,7 +12,9 @@ datastore; nothing here runs off the request path):
   scrape shows at least MIN_FIRST_TOKENS new first tokens in vllm:time_to_first_token_seconds since
   the last update, and at least MIN_ROUTED requests were routed there meanwhile:
       ratio = (delta sum / delta count) / (mean base prediction of those routed requests)
-      slowdown <- clamp(slowdown + ALPHA x (ratio - slowdown), min_slowdown, max_slowdown)
+      slowdown <- clamp(slowdown + step x (ratio - slowdown), min_slowdown, max_slowdown)
+  with step = max(ALPHA, 1/n) for the n-th window: the first window replaces the prior (or the
+  pool's calibration), later ones form a running mean until 1/n falls to ALPHA.
   where a base prediction is the prediction without slowdown. One scalar absorbs what the priors
   get wrong: a slower GPU, a bigger model.
 - bytes per token (pool-wide, for prompts the picker did not tokenize): once a scrape shows at
@@ -119,6 +121,7 @@ class EndpointWork:
     ttft_count: float = -1.0
     base_sum_ms: float = 0.0
     routed: int = 0
+    ttft_windows: int = 0  # TTFT-histogram windows measured so far
     # Bytes-per-token window: engine counters at its start, our routed prompts since.
     prompt_tokens: float = -1.0
     requests: float = -1.0
@@ -145,6 +148,8 @@ class LatencyModel:
         self.clock = clock
         self._work: dict[str, EndpointWork] = {}
         self._pool_slowdown = 1.0  # the calibrated endpoints' geometric mean (_share_calibration)
+        self._tokens = 0  # the last token handed out by `admit`
+        self.pool_limit = -1.0  # the median admission limit the endpoints showed (slots.py); -1: none yet
 
     # -- per-endpoint state ------------------------------------------------------------------
     def work(self, ep: Endpoint, now: float) -> EndpointWork:
@@ -165,7 +170,10 @@ class LatencyModel:
             w.seen_scrape_at = m.updated_at
             # The queue's share that the prefill routed there explains (slots.py); not the
             # corrected backlog, which a scrape's waiting requests raise by themselves.
+            limit = w.slots.limit
             w.slots.observe(m, w.routed_backlog / w.mean_uncached if w.mean_uncached > 0 else 0.0)
+            if w.slots.limit != limit:
+                self._share_limits()
             if m.waiting <= 0 and m.running <= 0:
                 w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
                 w.routed_backlog = min(w.routed_backlog, w.backlog)
@@ -205,12 +213,26 @@ class LatencyModel:
         observed_ms = (ttft_sum_s - w.ttft_sum_s) / first_tokens * 1000.0
         predicted_ms = w.base_sum_ms / w.routed
         if predicted_ms > 0:
-            c = self.config
-            ratio = observed_ms / predicted_ms
-            w.slowdown = min(max(w.slowdown + ALPHA * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
-            w.calibration_source = "ttft-histogram"
-            self._share_calibration()
+            w.ttft_windows += 1
+            self._move_slowdown(w, observed_ms / predicted_ms, w.ttft_windows, "ttft-histogram")
         w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
+
+    def _move_slowdown(self, w: EndpointWork, ratio: float, windows: int, source: str) -> None:
+        """The n-th window of `source` moves the slowdown towards `ratio` by max(ALPHA, 1/n): a
+        running mean until its weight falls to ALPHA's, as for bytes per token. The first window
+        replaces the prior: stepping by ALPHA from it, an engine 4x off needs ~10 windows (80 first
+        tokens) to be measured, which a slow replica that the picker rightly spares may never see."""
+        c = self.config
+        step = max(ALPHA, 1.0 / windows)
+        w.slowdown = min(max(w.slowdown + step * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
+        w.calibration_source = source
+        self._share_calibration()
+
+    def _share_limits(self) -> None:
+        """The pool's admission limit: the median of those shown (slots.py); run when one changes,
+        so its O(endpoints) is paid at a saturated scrape, not per request."""
+        known = sorted(w.slots.limit for w in self._work.values() if w.slots.limit > 0)
+        self.pool_limit = known[len(known) // 2] if known else -1.0
 
     def _share_calibration(self) -> None:
         """Endpoints not calibrated themselves take the pool's slowdown (module docstring); run once
@@ -256,7 +278,7 @@ class LatencyModel:
     def predict(self, ep: Endpoint, w: EndpointWork, uncached: float) -> tuple[float, float, float]:
         """(predicted TTFT, its base without slowdown and slot wait, the slot wait), in ms."""
         base = self.base_ttft_ms(ep, w, uncached)
-        wait = w.slots.wait_ms(endpoint_load(ep))
+        wait = w.slots.wait_ms(endpoint_load(ep), w.updated_at, self.pool_limit)  # work() drained w to now
         ttft = w.slowdown * base
         if wait > 0:
             ttft = max(ttft, wait + w.slowdown * self.base_ttft_ms(ep, w, uncached, backlog=False))
@@ -273,7 +295,7 @@ class LatencyModel:
         """The signals a prediction for `ep` used (--explain-decisions)."""
         m = ep.metrics
         queue = "scraped" if m is not None and m.ok else "unknown"
-        return (f"{w.slots.describe()} slot_wait={wait_ms:.0f}ms queue={queue} "
+        return (f"{w.slots.describe(self.pool_limit)} slot_wait={wait_ms:.0f}ms queue={queue} "
                 f"slowdown={w.slowdown:.2f}({w.calibration_source})")
 
     def response_ended(self, ep: Endpoint, routing: Routing, now: float) -> None:
@@ -281,6 +303,7 @@ class LatencyModel:
         occupancy, and calibrate from it where the engine exports no TTFT histogram."""
         w = self.work(ep, now)
         elapsed_ms = max(0.0, now - routing.at) * 1000.0
+        w.slots.leave(routing.token)
         w.slots.finished(elapsed_ms, routing.wait_ms)
         m = ep.metrics
         if not self.config.calibrate or routing.decode_ms < 0 or (m is not None and m.ttft_count >= 0):
@@ -291,15 +314,8 @@ class LatencyModel:
         if w.ends < MIN_ENDS:
             return
         if w.ends_predicted_ms > 0:
-            c = self.config
-            ratio = w.ends_observed_ms / w.ends_predicted_ms
-            # A running mean until its weight falls to ALPHA's, as for bytes per token: an engine
-            # 20x off the prior would otherwise take a dozen windows to be measured.
             w.ends_windows += 1
-            step = max(ALPHA, 1.0 / w.ends_windows)
-            w.slowdown = min(max(w.slowdown + step * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
-            w.calibration_source = "response-ends"
-            self._share_calibration()
+            self._move_slowdown(w, w.ends_observed_ms / w.ends_predicted_ms, w.ends_windows, "response-ends")
         w.ends_observed_ms, w.ends_predicted_ms, w.ends = 0.0, 0.0, 0
 
     def routed(self, ep: Endpoint, uncached: float, base_ms: float | None, now: float,
@@ -319,6 +335,18 @@ class LatencyModel:
         if prompt_bytes > 0:
             w.bytes_routed += prompt_bytes
             w.bytes_requests += 1
+
+    def admit(self, ep: Endpoint, now: float) -> int:
+        """Remember a request routed to `ep` at `now` among its in-flight ones (slots.py's ages);
+        the token to pass to `leave` (or in its Routing to `response_ended`)."""
+        self._tokens += 1
+        self.work(ep, now).slots.admit(self._tokens, now)
+        return self._tokens
+
+    def leave(self, ep: Endpoint, token: int) -> None:
+        w = self._work.get(ep.key)
+        if w is not None:
+            w.slots.leave(token)
 
     def mark(self, ep: Endpoint) -> float:
         """The endpoint's routed-token count now (a request's mark right after it was routed)."""

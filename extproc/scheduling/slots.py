@@ -30,19 +30,36 @@ routed since the scrape: extproc/scheduling/load.py):
     wait  = ahead x T / L   if ahead > 0     slots free one every T / L on average
           = 0               otherwise (a slot is free)
 
-Signals an engine does not export, or that were not seen yet, are unknown, never zero: without
-L or T no wait is charged, and `describe` says which were missing (--explain-decisions).
+That average assumes the running requests' ages are spread evenly over T. After a burst they are
+not: requests admitted together end together, and the next slot frees much later than T / L.
+So where the picker routed every request there itself (its own in-flight ones, `admit` and
+`leave`, are all of n) and L <= ORDER_LIMIT, the wait is also read from their ages: the L oldest
+hold the slots (FIFO), request i frees its slot in r_i = max(T - age_i, 0), and the request waits
+for the ahead-th release, r_(k) + floor((ahead - 1) / L) x T with k = (ahead - 1) mod L + 1 (r sorted).
+The larger of the two estimates is charged: a p99 wait is a late one, and the age-based estimate
+only corrects the average where it is known to be too low.
+
+An endpoint that has not shown its own limit yet takes the pool's (`pool_limit`: the median of
+the limits the other endpoints showed, extproc/scheduling/latency.py), as an uncalibrated one
+takes the pool's slowdown: replicas of one pool mostly run one configuration, and a replica that
+has not queued yet is the one about to, if the picker keeps sending it what its full neighbours
+would have taken. Signals an engine does not export, or that were not seen yet anywhere in the
+pool, are unknown, never zero: without L or T no wait is charged, and `describe` says which
+were missing (--explain-decisions).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import islice
 
 from extproc.core.datastore import ModelServerMetrics
 
 ALPHA = 0.2
 KV_FULL = 0.95
 CEILING_SCRAPES = 2
+ORDER_LIMIT = 64  # admission limits up to which the wait is read from the requests' ages
+MAX_ADMITTED = 4096  # own in-flight requests remembered per endpoint (the oldest are dropped)
 
 
 @dataclass(slots=True)
@@ -53,6 +70,17 @@ class SlotState:
     peak_running: float = 0.0  # the most running sequences any scrape showed
     ceiling_seen: int = 0  # consecutive saturated scrapes at the peak
     saturated: bool = False  # the last scrape showed a capacity queue
+    admitted: dict[int, float] = field(default_factory=dict)  # own in-flight: token -> routed at (s), oldest first
+
+    def admit(self, token: int, at: float) -> None:
+        """This picker routed a request here at `at` (clock seconds)."""
+        admitted = self.admitted
+        if len(admitted) >= MAX_ADMITTED:
+            del admitted[next(iter(admitted))]
+        admitted[token] = at
+
+    def leave(self, token: int) -> None:
+        self.admitted.pop(token, None)
 
     def observe(self, m: ModelServerMetrics, prefill_queued: float = 0.0) -> None:
         """Learn from one scrape (called once per new scrape); `prefill_queued`: the requests'
@@ -87,14 +115,28 @@ class SlotState:
         else:
             self.occupancy_ms += ALPHA * (sample - self.occupancy_ms)
 
-    def wait_ms(self, load: float) -> float:
-        """Expected wait for a slot with `load` requests there already; 0 when L or T is unknown."""
-        if self.limit <= 0 or self.occupancy_ms < 0:
+    def wait_ms(self, load: float, now: float | None = None, pool_limit: float = -1.0) -> float:
+        """Expected wait for a slot with `load` requests there already; 0 when L or T is unknown;
+        with `now`, no less than the ages of the picker's own requests say; `pool_limit` stands
+        for L until the endpoint shows its own (module docstring)."""
+        limit, t = (self.limit if self.limit > 0 else pool_limit), self.occupancy_ms
+        if limit <= 0 or t < 0:
             return 0.0
-        ahead = load - self.limit + 1
-        return ahead * self.occupancy_ms / self.limit if ahead > 0 else 0.0
+        ahead = load - limit + 1
+        if ahead <= 0:
+            return 0.0
+        wait = ahead * t / limit
+        slots = int(limit)
+        if now is not None and slots <= ORDER_LIMIT and len(self.admitted) >= load:
+            remaining = sorted(max(t - (now - at) * 1000.0, 0.0) for at in islice(self.admitted.values(), slots))
+            k = int(ahead) - 1
+            wait = max(wait, remaining[k % slots] + (k // slots) * t)
+        return wait
 
-    def describe(self) -> str:
-        limit = f"{self.limit:.0f}({self.limit_source})" if self.limit > 0 else "unknown"
+    def describe(self, pool_limit: float = -1.0) -> str:
+        if self.limit > 0:
+            limit = f"{self.limit:.0f}({self.limit_source})"
+        else:
+            limit = f"{pool_limit:.0f}(pool)" if pool_limit > 0 else "unknown"
         occupancy = f"{self.occupancy_ms:.0f}ms" if self.occupancy_ms >= 0 else "unknown"
         return f"slots={limit} occupancy={occupancy}"

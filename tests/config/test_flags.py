@@ -137,6 +137,7 @@ def test_the_config_file_roles_are_as_before() -> None:
         "--prefix-block-size": "prefix.block_size_bytes", "--prefix-max-blocks": "prefix.max_prefix_blocks",
         "--prefix-lru-capacity": "prefix.lru_capacity_per_server", "--spill-relative": "spill.relative",
         "--spill-absolute": "spill.absolute", "--max-endpoints": "max_endpoints",
+        "--balance-factor": "balance.factor", "--balance-slack": "balance.slack",
         "--kv-events-block-size": "kv_events.block_size", "--kv-events-max-blocks": "kv_events.max_blocks",
         "--kv-events-index-capacity": "kv_events.index_capacity",
         "--kv-events-speculative-ttl": "kv_events.speculative_ttl_s",

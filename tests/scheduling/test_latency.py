@@ -102,21 +102,27 @@ def test_slowdown_is_learned_from_the_engine_ttft_histogram() -> None:
         model.routed(ep, 0, 100.0, clock.now)  # predicted 100 ms each (base)
     clock.now += 0.05
     scrape(ds, ep, clock.now, ttft=(1.0 + 8 * 0.3, 18))  # 8 first tokens at 300 ms: 3x slower
-    assert model.work(ep, clock.now).slowdown == pytest.approx(1 + 0.2 * (3 - 1))  # 1.4
+    assert model.work(ep, clock.now).slowdown == pytest.approx(3.0)  # the first window replaces the prior
     # Too few first tokens: no update, the window stays open.
     for _ in range(4):
         model.routed(ep, 0, 100.0, clock.now)
     clock.now += 0.05
     scrape(ds, ep, clock.now, ttft=(3.4 + 2 * 0.3, 20))
-    assert model.work(ep, clock.now).slowdown == pytest.approx(1.4)
+    assert model.work(ep, clock.now).slowdown == pytest.approx(3.0)
     # An engine restart (counter reset) starts a new window instead of a negative ratio.
     clock.now += 0.05
     scrape(ds, ep, clock.now, ttft=(0.1, 1))
-    assert model.work(ep, clock.now).slowdown == pytest.approx(1.4)
-    # A slower endpoint drains its backlog more slowly: 1 / (0.1 x 1.4) tokens per ms.
+    assert model.work(ep, clock.now).slowdown == pytest.approx(3.0)
+    # The second window weighs 1/2: 8 first tokens at 100 ms against the 100 ms predicted.
+    for _ in range(4):
+        model.routed(ep, 0, 100.0, clock.now)
+    clock.now += 0.05
+    scrape(ds, ep, clock.now, ttft=(0.1 + 8 * 0.1, 9))
+    assert model.work(ep, clock.now).slowdown == pytest.approx(3.0 + 0.5 * (1.0 - 3.0))  # 2.0
+    # A slower endpoint drains its backlog more slowly: 1 / (0.1 x 2) tokens per ms.
     model.routed(ep, 1400, None, clock.now)
     clock.now += 0.07
-    assert model.work(ep, clock.now).backlog == pytest.approx(1400 - 70 / 0.14)
+    assert model.work(ep, clock.now).backlog == pytest.approx(1400 - 70 / 0.2)
 
 
 def test_slowdown_is_clamped() -> None:

@@ -276,4 +276,6 @@ def test_an_engine_calibrated_far_below_the_prior_still_prefers_its_cache() -> N
     for ep in eps:
         ttft_scorer(s).model.work(ep, clock.now).slowdown = 0.1
     for i in range(6):
-        assert s.schedule(request(system + b"%02d" % i, f"r{i}"), eps).primary is eps[1]
+        d = s.schedule(request(system + b"%02d" % i, f"r{i}"), eps)
+        assert d.primary is eps[1]
+        s.finished(d, d.primary)  # one at a time: bounded reuse (reuse.py) is not what this tests

@@ -56,6 +56,30 @@ def test_the_slot_wait_follows_the_queue_beyond_the_learned_limit() -> None:
     assert s.limit == -1.0 and s.wait_ms(16) == 0.0 and not s.saturated
 
 
+def test_after_a_burst_the_wait_is_read_from_the_running_requests_ages() -> None:
+    """Four slots, 1,000 ms occupancy. Eight requests routed together: the four running free their
+    slots together, ~900 ms after the 100 ms they have run, not one every 250 ms as the average
+    assumes."""
+    s = SlotState(occupancy_ms=1000.0, limit=4.0, limit_source="capacity-reason")
+    for token in range(8):
+        s.admit(token, 10.0)
+    assert s.wait_ms(4) == pytest.approx(250.0)  # without the clock: the average
+    assert s.wait_ms(4, 10.1) == pytest.approx(900.0)  # the first release, 900 ms away
+    assert s.wait_ms(8, 10.1) == pytest.approx(900.0 + 1000.0)  # fifth in the queue: a second round
+    assert s.wait_ms(9, 10.1) == pytest.approx(6 * 250.0)  # a ninth the picker did not route: the average
+    # Staggered ages (0, 250, 500, 750 ms): the releases come every 250 ms, as the average says.
+    s = SlotState(occupancy_ms=1000.0, limit=4.0, limit_source="capacity-reason")
+    for token, at in enumerate((9.25, 9.5, 9.75, 10.0)):
+        s.admit(token, at)
+    assert s.wait_ms(4, 10.0) == pytest.approx(250.0)
+    assert s.wait_ms(5, 10.0) == pytest.approx(500.0)
+    # Requests the picker did not route there (another picker's) make the ages incomplete: the average.
+    assert s.wait_ms(6, 10.0) == pytest.approx(750.0)
+    s.leave(0)
+    s.leave(1)
+    assert s.wait_ms(4, 10.0) == pytest.approx(250.0) and len(s.admitted) == 2
+
+
 def test_a_queue_of_prompts_waiting_for_prefill_is_no_slot_limit() -> None:
     s = SlotState()
     for _ in range(3):  # 6 waiting at the peak, but 4 requests' worth of prefill still queued there
@@ -141,3 +165,27 @@ def test_the_queue_share_prefill_explains_is_the_routed_prefill_not_the_correcte
         ds.set_metrics(ep.key, metrics(8, 2, at=clock.now))
         w = model.work(ep, clock.now)
     assert (w.slots.limit, w.slots.limit_source) == (2, "ceiling")
+
+
+def test_an_endpoint_that_never_queued_takes_the_pools_admission_limit() -> None:
+    """A shows 8 slots (a capacity queue); B, never full yet, is charged the same limit: without
+    it, B looks free until it queues, and the picker sends it what A would have taken."""
+    clock = Clock()
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000), EndpointSpec("10.0.0.2", 8000)])
+    a, b = ds.snapshot()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    ds.set_metrics(b.key, metrics(0, 9, at=clock.now))
+    wb = model.work(b, clock.now)
+    wb.slots.finished(800.0, 0.0)  # occupancy 800 ms
+    assert model.predict(b, wb, 0)[2] == 0.0  # no limit known anywhere: no wait
+    assert wb.slots.describe(model.pool_limit) == "slots=unknown occupancy=800ms"
+    ds.set_metrics(a.key, metrics(3, 8, capacity=3, at=clock.now))
+    model.work(a, clock.now)
+    assert model.pool_limit == 8
+    clock.now += 0.05
+    ds.set_metrics(b.key, metrics(0, 8, at=clock.now))
+    wb = model.work(b, clock.now)
+    # 8 there (running, no queue): ahead = 8 - 8 + 1 = 1, one slot every 800 / 8 = 100 ms.
+    assert model.predict(b, wb, 0)[2] == pytest.approx(100.0)
+    assert wb.slots.describe(model.pool_limit) == "slots=8(pool) occupancy=800ms"

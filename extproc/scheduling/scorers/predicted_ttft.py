@@ -37,7 +37,11 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    is credited with affinity_credit (0.5) of this request's uncached prefill time there: the key
    says the prompt shares more with that endpoint's earlier requests than the index can see, so
    the endpoint keeps the key until its queue costs more than that share of a prefill.
-5. score(e) = min cost / cost(e): 1 for the best, in (0, 1] for the rest; the max-score picker
+5. Bounded reuse (extproc/scheduling/reuse.py): where more than `--balance-slack` in-flight
+   requests already reuse this request's prefix and e holds more than `--balance-factor` (1.25)
+   times the pool's mean load, cached(e) counts 0, so a hot prefix spreads onto as many
+   replicas as its load needs instead of piling onto the one that first cached it.
+6. score(e) = min cost / cost(e): 1 for the best, in (0, 1] for the rest; the max-score picker
    then takes the least cost (random among equals). Each candidate's prediction is kept in
    `request.predictions`, and the signals it used in `request.signals`, for --explain-decisions.
 
@@ -59,6 +63,8 @@ from extproc.prefix.capacity import auto_tuned_capacity
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.interfaces import Routing, SchedulingRequest
 from extproc.scheduling.latency import LatencyModel
+from extproc.scheduling.load import endpoint_load
+from extproc.scheduling.reuse import ReuseCounts, load_bound, over_bound
 
 MAX_HOMES = 65536  # prefix families remembered (~100 bytes each)
 
@@ -86,6 +92,10 @@ class PredictedTtftScorer:
         # Prefix family (first block) -> (endpoint it was last placed on, tokens its requests shared).
         self._homes: dict[int, tuple[str, float]] = {}
         self._home_counts: dict[str, int] = {}  # endpoint -> families whose home it is
+        self.balance = config.balance
+        if self.balance.slack < 0 or (self.balance.factor != 0 and self.balance.factor < 1):
+            raise ValueError("balance: factor must be 0 (off) or >= 1, and slack >= 0")
+        self.reuse = ReuseCounts()
 
     def bind_index(self, index: PrefixIndex) -> None:
         self.index = index
@@ -113,6 +123,24 @@ class PredictedTtftScorer:
         # The matched share of the prompt's bytes, in tokens (exact or estimated, as `tokens`).
         matched_bytes = matched * self.block_size_bytes
         return tokens * min(matched_bytes / prompt_bytes, 1.0) if prompt_bytes > 0 else 0.0
+
+    def _reuse_key(self, request: SchedulingRequest, ep: Endpoint) -> int | None:
+        """The last block the request would reuse on `ep` (reuse.py), None where it reuses none."""
+        keys = request.token_keys
+        if self.precise and keys and ep.key in request.precise_usable:
+            m = request.precise_match.get(ep.key, 0)
+            return keys[m - 1] if m else None
+        m = min(request.prefix_match.get(ep.key, 0), len(request.block_hashes))
+        return request.block_hashes[m - 1] if m else None
+
+    def _loads(self, endpoints: Sequence[Endpoint]) -> tuple[list[float], float] | None:
+        """Each candidate's load and reuse.py's bound for this decision; None when the bound is
+        off, has one candidate, or no prefix is counted anywhere."""
+        f = self.balance.factor
+        if f == 0 or len(endpoints) < 2 or not len(self.reuse):
+            return None
+        loads = [endpoint_load(ep) for ep in endpoints]
+        return loads, load_bound(sum(loads), len(endpoints), f)
 
     def _prompt_size(self, request: SchedulingRequest) -> tuple[int, float]:
         """(prompt bytes, prompt tokens); without the prompt's size (a caller that only hashed
@@ -147,10 +175,18 @@ class PredictedTtftScorer:
         mean_homes = others / len(endpoints) if most <= 0 and endpoints else 0.0
         mean_churn = sum(w.churn for w in works) / len(works) if self._by_churn and mean_homes > 0 else 0.0
         signals = request.signals
-        for ep, w, hit in zip(endpoints, works, cached, strict=True):
+        bounded = self._loads(endpoints)
+        slack = self.balance.slack
+        for i, (ep, w, hit) in enumerate(zip(endpoints, works, cached, strict=True)):
+            over = False
+            if hit > 0 and bounded is not None:
+                key = self._reuse_key(request, ep)
+                loads, bound = bounded
+                if key is not None and over_bound(self.reuse.get(ep.key, key), loads[i], bound, slack):
+                    hit, over = 0.0, True  # bounded reuse (5. above): priced as a cold replica
             uncached = tokens - hit
             ttft, _, wait = model.predict(ep, w, uncached)
-            signals[ep.key] = model.describe(ep, w, wait)
+            signals[ep.key] = model.describe(ep, w, wait) + (" reuse=over-bound" if over else "")
             cost = ttft
             held = most if ep.key == home_key else max(most, min(shared, tokens))
             if c.eviction_weight and (hit < held or mean_homes > 0):
@@ -183,11 +219,13 @@ class PredictedTtftScorer:
         _, tokens = self._prompt_size(request)
         _, base, wait = self.model.predict(chosen, w, uncached)
         request.routing = Routing(chosen.key, now, base, wait,
-                                  self.model.decode_ms(chosen, request.max_output_tokens))
+                                  self.model.decode_ms(chosen, request.max_output_tokens),
+                                  self.model.admit(chosen, now))
         self.model.routed(chosen, uncached, base, now, request.prompt_bytes)
         if self.auto_tune:
             self._retune(chosen)
         request.backlog_mark = (chosen.key, self.model.mark(chosen))
+        self._count_reuse(request, chosen)
         if family is not None:
             homes = self._homes
             before, shared = homes.pop(family, ("", 0.0))
@@ -198,6 +236,16 @@ class PredictedTtftScorer:
             counts[chosen.key] = counts.get(chosen.key, 0) + 1
             if len(homes) > MAX_HOMES:
                 self._unhome(homes.pop(next(iter(homes)))[0])
+
+    def _count_reuse(self, request: SchedulingRequest, ep: Endpoint) -> None:
+        key = self._reuse_key(request, ep) if self.balance.factor else None
+        if key is not None and self.reuse.acquire(ep.key, key):
+            request.reuse = (ep.key, key)
+
+    def _release_reuse(self, request: SchedulingRequest) -> None:
+        if request.reuse is not None:
+            self.reuse.release(*request.reuse)
+            request.reuse = None
 
     def _other_homes(self, key: str, home_key: str) -> int:
         return self._home_counts.get(key, 0) - (1 if key == home_key else 0)
@@ -217,6 +265,8 @@ class PredictedTtftScorer:
         routing = request.routing
         if routing is not None and routing.endpoint == endpoint.key:
             self.model.response_ended(endpoint, routing, now)
+        if request.reuse is not None and request.reuse[0] == endpoint.key:
+            self._release_reuse(request)
 
     def moved(self, request: SchedulingRequest, primary: Endpoint, served: Endpoint) -> None:
         now = self._clock()
@@ -227,4 +277,8 @@ class PredictedTtftScorer:
         if after is not None:
             self.model.routed(served, after[1], None, now)
             request.backlog_mark = (served.key, self.model.mark(served))
+        if request.routing is not None:
+            self.model.leave(primary, request.routing.token)
         request.routing = None  # not this picker's prediction any more: neither occupancy nor calibration
+        self._release_reuse(request)
+        self._count_reuse(request, served)

@@ -1,0 +1,120 @@
+"""What a row of the flag table (extproc/config/flags.py) is: `Flag`, the kinds of value it parses
+(`Kind`: int, float, Go-style bool, Go duration, comma list, choice, text), the numeric `Range` it
+is checked against, and `value_at` / `with_value` to read and set the EppConfig field a row names
+by its dotted path."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from extproc.config.settings import EppConfig
+from extproc.config.values import comma_list, duration, format_duration, header_name, parse_bool
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a flag's text becomes its value."""
+
+    name: str  # in the CLI reference
+    parse: Callable[[str], Any]  # argparse `type`
+    value_type: object  # the Python type of the value: the EppConfig field's annotation
+    metavar: str | None = None  # None: argparse's (the destination upper-cased, or the choices)
+    choices: tuple[str, ...] = ()
+    show: Callable[[Any], str] = str  # a value as written on the command line
+
+    @property
+    def numeric(self) -> bool:
+        return self.value_type in (int, float)
+
+
+def _show_bool(value: Any) -> str:
+    return "true" if value else "false"
+
+
+def _show_float(value: Any) -> str:
+    return f"{value:g}"
+
+
+def _show_list(value: Any) -> str:
+    return ",".join(value)
+
+
+INT = Kind("int", int, int)
+FLOAT = Kind("float", float, float, show=_show_float)
+BOOL = Kind("bool", parse_bool, bool, "BOOL", show=_show_bool)  # --flag, --flag=true, --flag=false
+DURATION = Kind("duration", duration, float, "DURATION", show=format_duration)  # 50ms, 2s or seconds
+TEXT = Kind("text", str, str)
+HEADER = Kind("header name", header_name, str, "NAME")  # stripped and lower-cased
+LIST = Kind("comma list", comma_list, tuple[str, ...], show=_show_list)  # items stripped, empties dropped
+
+
+def choice(*options: str) -> Kind:
+    return Kind("choice", str, str, choices=options)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Valid numbers: lo <= v <= hi (lo < v when lo_open); checked at start-up (validate.py)."""
+
+    lo: float
+    hi: float = math.inf
+    lo_open: bool = False
+
+    def describe(self) -> str:
+        if self.hi == math.inf:
+            return f"> {self.lo:g}" if self.lo_open else f">= {self.lo:g}"
+        return f"> {self.lo:g} and <= {self.hi:g}" if self.lo_open else f"{self.lo:g} to {self.hi:g}"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of `prefix-epp serve`."""
+
+    name: str  # --like-this
+    path: str | None  # the dotted EppConfig field it sets; None: read by the command (args.<dest>)
+    kind: Kind
+    group: str  # its --help group and its section of docs/cli.md
+    help: str
+    range: Range | None = None  # numbers only
+    metavar: str | None = None  # else the kind's
+    parameters: tuple[str, ...] = ()  # "plugin-type.parameterName" of the same meaning: the config file wins
+    profile_only: bool = False  # shapes the built-in profile: refused with a file that defines one
+    default: Any = None  # rows without a path only: every other default is EppConfig's
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith("--") or self.name != self.name.lower():
+            raise ValueError(f"{self.name!r}: a flag is written --lower-case")
+        if not self.help.strip():
+            raise ValueError(f"{self.name}: every flag needs help text")
+        if self.path is not None and self.default is not None:
+            raise ValueError(f"{self.name}: the default of a config field is EppConfig's, not the row's")
+        if self.path is None and (self.parameters or self.profile_only or self.range):
+            raise ValueError(f"{self.name}: a flag outside EppConfig has no range and nothing in the config file")
+        if self.range is not None and not self.kind.numeric:
+            raise ValueError(f"{self.name}: only numbers have a range")
+        if self.parameters and self.profile_only:
+            raise ValueError(f"{self.name}: a plugin parameter or profile-only, not both")
+
+    @property
+    def dest(self) -> str:
+        return self.name[2:].replace("-", "_")
+
+    @property
+    def default_value(self) -> Any:
+        return self.default if self.path is None else value_at(EppConfig(), self.path)
+
+
+def value_at(config: Any, path: str) -> Any:
+    """The field at a dotted path: value_at(cfg, "kv_events.port") is cfg.kv_events.port."""
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def with_value(config: Any, path: str, value: Any) -> Any:
+    """A copy of the frozen (nested) dataclass `config` with the field at `path` set to `value`."""
+    head, _, rest = path.partition(".")
+    return replace(config, **{head: with_value(getattr(config, head), rest, value) if rest else value})
