@@ -78,6 +78,10 @@ endpoints' slowdowns, source "pool") rather than the prior: replicas of one pool
 like hardware, and a calibrated endpoint weighed against one still at a prior 10x off would win
 every decision by the prior's error alone, cache or no cache.
 
+Before a window closes, first tokens the engine has not produced bound the slowdown from below
+(extproc/scheduling/first_token.py): an engine far slower than predicted is seen at its first
+overdue request, not after its first MIN_FIRST_TOKENS answers.
+
 With several active-active pickers each backlog holds only its own decisions; the scrape
 corrections and the TTFT calibration see every picker's traffic, at scrape granularity.
 """
@@ -90,6 +94,7 @@ from dataclasses import dataclass, field
 
 from extproc.config.settings import LatencyConfig
 from extproc.core.datastore import Endpoint
+from extproc.scheduling.first_token import FirstTokenWait
 from extproc.scheduling.interfaces import Routing
 from extproc.scheduling.load import endpoint_load
 from extproc.scheduling.slots import SlotState
@@ -101,7 +106,7 @@ MIN_BYTES_PER_TOKEN = 1.0
 MAX_BYTES_PER_TOKEN = 16.0
 CHURN_HALF_LIFE_S = 120.0
 MIN_ENDS = 8
-CALIBRATED = ("ttft-histogram", "response-ends")  # calibration sources measured on the endpoint itself
+CALIBRATED = ("ttft-histogram", "response-ends", "first-token-wait")  # calibration sources measured on the endpoint itself
 
 
 @dataclass(slots=True)
@@ -132,8 +137,9 @@ class EndpointWork:
     ends_predicted_ms: float = 0.0
     ends: int = 0
     ends_windows: int = 0  # response-end windows measured so far
-    calibration_source: str = "prior"  # "prior", "pool", "ttft-histogram" or "response-ends"
+    calibration_source: str = "prior"  # "prior", "pool", "ttft-histogram", "response-ends", "first-token-wait"
     slots: SlotState = field(default_factory=SlotState)
+    first: FirstTokenWait = field(default_factory=FirstTokenWait)  # requests without a first token yet
 
 
 class LatencyModel:
@@ -182,6 +188,10 @@ class LatencyModel:
             w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
             if self.config.calibrate and m.ttft_count >= 0:
                 self._calibrate(w, m.ttft_sum_s, m.ttft_count)
+                late = w.first.observe(m.ttft_count, m.updated_at, w.slowdown)
+                if late is not None:  # first tokens overdue (first_token.py): at least this slow
+                    w.slowdown, w.calibration_source = min(late, self.config.max_slowdown), "first-token-wait"
+                    self._share_calibration()
             if m.prompt_tokens >= 0 and m.ttft_count >= 0:
                 self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
         return w
@@ -304,6 +314,7 @@ class LatencyModel:
         w = self.work(ep, now)
         elapsed_ms = max(0.0, now - routing.at) * 1000.0
         w.slots.leave(routing.token)
+        w.first.remove(routing.token)
         w.slots.finished(elapsed_ms, routing.wait_ms)
         m = ep.metrics
         if not self.config.calibrate or routing.decode_ms < 0 or (m is not None and m.ttft_count >= 0):
@@ -336,17 +347,21 @@ class LatencyModel:
             w.bytes_routed += prompt_bytes
             w.bytes_requests += 1
 
-    def admit(self, ep: Endpoint, now: float) -> int:
-        """Remember a request routed to `ep` at `now` among its in-flight ones (slots.py's ages);
-        the token to pass to `leave` (or in its Routing to `response_ended`)."""
+    def admit(self, ep: Endpoint, now: float, base_ms: float, wait_ms: float) -> int:
+        """Remember a request routed to `ep` at `now`, predicted at `base_ms` after a slot wait of
+        `wait_ms`, among its in-flight ones (slots.py's ages) and those awaiting a first token
+        (first_token.py); the token to pass to `leave` (or in its Routing to `response_ended`)."""
         self._tokens += 1
-        self.work(ep, now).slots.admit(self._tokens, now)
+        w = self.work(ep, now)
+        w.slots.admit(self._tokens, now)
+        w.first.add(self._tokens, now, base_ms, wait_ms)
         return self._tokens
 
     def leave(self, ep: Endpoint, token: int) -> None:
         w = self._work.get(ep.key)
         if w is not None:
             w.slots.leave(token)
+            w.first.remove(token)
 
     def mark(self, ep: Endpoint) -> float:
         """The endpoint's routed-token count now (a request's mark right after it was routed)."""

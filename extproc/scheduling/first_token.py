@@ -1,0 +1,76 @@
+"""A first token that is late says the engine is slow before any first token is measured.
+
+Calibration (extproc/scheduling/latency.py) learns an endpoint's slowdown from first tokens that
+arrived: with MIN_FIRST_TOKENS a window, an engine 4x slower than the prior, given its share of
+a burst of new prompts, queues them for seconds before its first window closes. Meanwhile its
+TTFT histogram says something already: the first tokens it has NOT produced yet.
+
+Per endpoint (`FirstTokenWait`) the picker keeps its own requests routed there since the
+engine's first-token count was first seen and whose responses have not ended, oldest first, each
+with its routing time, its predicted base TTFT (without the slowdown) and the slot wait it was
+charged. At a new scrape the engine has produced F first tokens since then; E of the requests
+ended meanwhile (each had its first token, or failed), so at most P = F - E of the remaining W
+requests have theirs. If P < |W|, one of the P + 1 oldest has none: whichever engine order
+served them, that many first tokens cannot cover P + 1 requests. Its TTFT is at least its
+`elapsed` time, so the engine is at least
+
+    s_j   = (elapsed_j / MARGIN - wait_j) / base_j
+    bound = min over the P + 1 oldest of s_j
+    slowdown <- bound     when bound > slowdown
+
+times slower than the prior, the minimum because which of them is late is unknown. MARGIN (1.5)
+leaves the usual spread of one request's TTFT around the mean alone. First tokens of other
+pickers' requests count in F, so P only grows and the bound only falls: it stays a lower bound.
+Only the CHECKED (64) oldest are read per scrape (more in flight: no bound that scrape).
+A raise is a measurement of the endpoint itself (calibration source "first-token-wait"); the
+next histogram window averages it with what arrived.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+MARGIN = 1.5
+CHECKED = 64  # at most this many of the oldest requests are read per scrape
+MAX_AWAITING = 1024  # own requests remembered per endpoint (the oldest are dropped)
+
+
+class FirstTokenWait:
+    __slots__ = ("_awaiting", "_base_count", "_ended")
+
+    def __init__(self) -> None:
+        # token -> (routed at s, base ms, slot wait ms), oldest first.
+        self._awaiting: dict[int, tuple[float, float, float]] = {}
+        self._base_count = -1.0  # the engine's first-token count when counting began; -1: not yet
+        self._ended = 0  # requests of `_awaiting` whose response ended since then
+
+    def __len__(self) -> int:
+        return len(self._awaiting)
+
+    def add(self, token: int, at: float, base_ms: float, wait_ms: float) -> None:
+        if self._base_count < 0:
+            return  # counting has not begun: its first token could not be told apart
+        awaiting = self._awaiting
+        if len(awaiting) >= MAX_AWAITING:
+            del awaiting[next(iter(awaiting))]
+            self._ended += 1  # forgotten as if it had ended: P stays an upper bound
+        awaiting[token] = (at, base_ms, wait_ms)
+
+    def remove(self, token: int) -> None:
+        if self._awaiting.pop(token, None) is not None:
+            self._ended += 1
+
+    def observe(self, first_tokens: float, at: float, slowdown: float) -> float | None:
+        """A scrape at `at` shows `first_tokens` produced in all: the slowdown the late requests
+        prove (module docstring), or None when they prove no more than `slowdown`."""
+        if self._base_count < 0 or first_tokens < self._base_count:  # first sight, or a restart
+            self._base_count, self._ended = first_tokens, 0
+            self._awaiting.clear()
+            return None
+        awaiting = self._awaiting
+        served = max(int(first_tokens - self._base_count) - self._ended, 0)
+        if served >= len(awaiting) or served >= CHECKED:
+            return None
+        bound = min((((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0)
+                    for routed_at, base_ms, wait_ms in islice(awaiting.values(), served + 1))
+        return bound if bound > slowdown else None

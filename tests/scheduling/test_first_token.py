@@ -1,0 +1,75 @@
+"""Late first tokens bound the slowdown from below (extproc/scheduling/first_token.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.config.settings import LatencyConfig
+from extproc.core.datastore import Datastore, EndpointSpec, ModelServerMetrics
+from extproc.scheduling.first_token import MARGIN, FirstTokenWait
+from extproc.scheduling.latency import LatencyModel
+
+
+def test_an_overdue_first_token_bounds_the_slowdown_from_below() -> None:
+    f = FirstTokenWait()
+    f.add(1, 0.0, 100.0, 0.0)  # before the engine's count was seen: not counted
+    assert len(f) == 0
+    assert f.observe(10, 0.0, 1.0) is None  # first sight: counting begins
+    f.add(1, 0.0, 100.0, 0.0)  # predicted 100 ms
+    assert f.observe(10, 0.1, 1.0) is None  # 100 ms without a first token: within the margin
+    # 500 ms without it: at least (500 / 1.5) / 100 = 3.33x slower than the prior.
+    assert f.observe(10, 0.5, 1.0) == pytest.approx(500 / MARGIN / 100)
+    assert f.observe(10, 0.5, 4.0) is None  # no more than the slowdown already known
+    assert f.observe(11, 0.6, 1.0) is None  # its first token came: nothing is late
+
+
+def test_whichever_request_got_the_first_token_the_bound_holds() -> None:
+    """A (100 ms predicted) and B (10 ms) routed; one first token came, A's or B's. One of the two
+    is late either way: the bound is the smaller of the two implied slowdowns."""
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0)
+    f.add(2, 0.1, 10.0, 0.0)
+    assert f.observe(1, 0.5, 1.0) == pytest.approx(min(500 / MARGIN / 100, 400 / MARGIN / 10))
+    # A's response ended (it had the first token): B is the late one.
+    f.remove(1)
+    assert f.observe(1, 0.5, 1.0) == pytest.approx(400 / MARGIN / 10)
+
+
+def test_a_charged_slot_wait_is_not_read_as_slowness() -> None:
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 900.0)  # charged 900 ms waiting for a slot, then 100 ms of prefill
+    assert f.observe(0, 1.2, 1.0) is None  # (1200 / 1.5 - 900) / 100 < 1
+    assert f.observe(0, 2.0, 1.0) == pytest.approx((2000 / MARGIN - 900) / 100)
+
+
+def test_an_engine_restart_starts_counting_again() -> None:
+    f = FirstTokenWait()
+    f.observe(50, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0)
+    assert f.observe(3, 1.0, 1.0) is None and len(f) == 0  # the count went down: a new engine
+
+
+def test_the_model_raises_a_slow_endpoints_slowdown_before_its_first_window() -> None:
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
+    ep = ds.snapshot()[0]
+    model = LatencyModel(LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0),
+                         bytes_per_token=4, clock=lambda: 0.0)
+
+    def scrape(at: float, count: float) -> None:
+        ds.set_metrics(ep.key, ModelServerMetrics(waiting=1, running=0, ttft_sum_s=0.0, ttft_count=count,
+                                                  updated_at=at, ok=True))
+        model.work(ep, at)
+
+    scrape(0.0, 0)
+    base = model.base_ttft_ms(ep, model.work(ep, 0.0), 4000)  # 410 ms
+    model.routed(ep, 4000, base, 0.0)
+    model.admit(ep, 0.0, base, 0.0)
+    scrape(0.5, 0)
+    assert model.work(ep, 0.5).calibration_source == "prior"
+    scrape(2.0, 0)  # 2 s and no first token: at least 2000 / 1.5 / 410 = 3.25x
+    w = model.work(ep, 2.0)
+    assert w.calibration_source == "first-token-wait"
+    assert w.slowdown == pytest.approx(2000 / MARGIN / base)
