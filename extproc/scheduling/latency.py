@@ -106,7 +106,8 @@ MIN_BYTES_PER_TOKEN = 1.0
 MAX_BYTES_PER_TOKEN = 16.0
 CHURN_HALF_LIFE_S = 120.0
 MIN_ENDS = 8
-CALIBRATED = ("ttft-histogram", "response-ends", "first-token-wait")  # calibration sources measured on the endpoint itself
+# Calibration sources measured on the endpoint itself.
+CALIBRATED = ("ttft-histogram", "response-ends", "first-token-wait")
 
 
 @dataclass(slots=True)
