@@ -14,14 +14,18 @@ requests have theirs. If P < |W|, one of the P + 1 oldest has none: whichever en
 served them, that many first tokens cannot cover P + 1 requests. Its TTFT is at least its
 `elapsed` time, so the engine is at least
 
-    s_j   = (elapsed_j / MARGIN - wait_j) / base_j
+    s_j   = (elapsed_j / MARGIN - wait_j) / base_j     (elapsed: since its routing)
     bound = min over the P + 1 oldest of s_j
     slowdown <- bound     when bound > slowdown
 
-times slower than the prior, the minimum because which of them is late is unknown. MARGIN (1.5)
-leaves the usual spread of one request's TTFT around the mean alone. First tokens of other
+times slower than the prior, the minimum because which of them is late is unknown. MARGIN
+is 1: the bound is what was observed, no guess about the spread (a healthy engine's late
+request raises it a little, until the next histogram window averages it away). And at
+least |W| - P of them have no first token, so their prefill is not done: the endpoint's
+backlog is at least the prompt tokens of the |W| - P - 1 smallest of them (one may be part-way),
+which the drain at a slowdown learned too late would have counted as done. First tokens of other
 pickers' requests count in F, so P only grows and the bound only falls: it stays a lower bound.
-Only the CHECKED (64) oldest are read per scrape (more in flight: no bound that scrape).
+With more than CHECKED (64) in flight no bound is drawn that scrape (bounded work per scrape).
 A raise is a measurement of the endpoint itself (calibration source "first-token-wait"); the
 next histogram window averages it with what arrived.
 """
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-MARGIN = 1.5
+MARGIN = 1.0
 CHECKED = 64  # at most this many of the oldest requests are read per scrape
 MAX_AWAITING = 1024  # own requests remembered per endpoint (the oldest are dropped)
 
@@ -39,38 +43,43 @@ class FirstTokenWait:
     __slots__ = ("_awaiting", "_base_count", "_ended")
 
     def __init__(self) -> None:
-        # token -> (routed at s, base ms, slot wait ms), oldest first.
-        self._awaiting: dict[int, tuple[float, float, float]] = {}
+        # token -> (routed at s, base ms, slot wait ms, uncached tokens), oldest first.
+        self._awaiting: dict[int, tuple[float, float, float, float]] = {}
         self._base_count = -1.0  # the engine's first-token count when counting began; -1: not yet
         self._ended = 0  # requests of `_awaiting` whose response ended since then
 
     def __len__(self) -> int:
         return len(self._awaiting)
 
-    def add(self, token: int, at: float, base_ms: float, wait_ms: float) -> None:
-        if self._base_count < 0:
-            return  # counting has not begun: its first token could not be told apart
+    def add(self, token: int, at: float, base_ms: float, wait_ms: float, uncached: float) -> None:
         awaiting = self._awaiting
         if len(awaiting) >= MAX_AWAITING:
             del awaiting[next(iter(awaiting))]
             self._ended += 1  # forgotten as if it had ended: P stays an upper bound
-        awaiting[token] = (at, base_ms, wait_ms)
+        awaiting[token] = (at, base_ms, wait_ms, uncached)
 
     def remove(self, token: int) -> None:
         if self._awaiting.pop(token, None) is not None:
             self._ended += 1
 
-    def observe(self, first_tokens: float, at: float, slowdown: float) -> float | None:
-        """A scrape at `at` shows `first_tokens` produced in all: the slowdown the late requests
-        prove (module docstring), or None when they prove no more than `slowdown`."""
+    def observe(self, first_tokens: float, at: float, slowdown: float) -> tuple[float | None, float]:
+        """A scrape at `at` shows `first_tokens` produced in all: (the slowdown the late requests
+        prove, or None when they prove no more than `slowdown`; the prompt tokens still to be
+        prefilled at least), module docstring."""
         if self._base_count < 0 or first_tokens < self._base_count:  # first sight, or a restart
+            if self._base_count >= 0 or first_tokens > 0:
+                self._awaiting.clear()  # which of those routed before were served is unknown
             self._base_count, self._ended = first_tokens, 0
-            self._awaiting.clear()
-            return None
+            return None, 0.0
         awaiting = self._awaiting
         served = max(int(first_tokens - self._base_count) - self._ended, 0)
-        if served >= len(awaiting) or served >= CHECKED:
-            return None
-        bound = min((((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0)
-                    for routed_at, base_ms, wait_ms in islice(awaiting.values(), served + 1))
-        return bound if bound > slowdown else None
+        if served >= len(awaiting) or len(awaiting) > CHECKED:
+            return None, 0.0
+        oldest = list(islice(awaiting.values(), served + 1))
+        bound = min(((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0
+                    for routed_at, base_ms, wait_ms, _ in oldest)
+        # Without a first token, a request's prefill is not done: the len - served - 1 smallest
+        # prompts among them are still to prefill in full (one may be part-way).
+        unfinished = len(awaiting) - served - 1
+        floor = sum(sorted(e[3] for e in awaiting.values())[:unfinished]) if unfinished > 0 else 0.0
+        return (bound if bound > slowdown else None), floor

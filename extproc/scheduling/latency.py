@@ -189,10 +189,12 @@ class LatencyModel:
             w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
             if self.config.calibrate and m.ttft_count >= 0:
                 self._calibrate(w, m.ttft_sum_s, m.ttft_count)
-                late = w.first.observe(m.ttft_count, m.updated_at, w.slowdown)
+                late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown)
                 if late is not None:  # first tokens overdue (first_token.py): at least this slow
                     w.slowdown, w.calibration_source = min(late, self.config.max_slowdown), "first-token-wait"
                     self._share_calibration()
+                w.backlog = max(w.backlog, unfinished)
+                w.routed_backlog = max(w.routed_backlog, min(unfinished, w.backlog))
             if m.prompt_tokens >= 0 and m.ttft_count >= 0:
                 self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
         return w
@@ -348,14 +350,14 @@ class LatencyModel:
             w.bytes_routed += prompt_bytes
             w.bytes_requests += 1
 
-    def admit(self, ep: Endpoint, now: float, base_ms: float, wait_ms: float) -> int:
+    def admit(self, ep: Endpoint, now: float, base_ms: float, wait_ms: float, uncached: float = 0.0) -> int:
         """Remember a request routed to `ep` at `now`, predicted at `base_ms` after a slot wait of
         `wait_ms`, among its in-flight ones (slots.py's ages) and those awaiting a first token
         (first_token.py); the token to pass to `leave` (or in its Routing to `response_ended`)."""
         self._tokens += 1
         w = self.work(ep, now)
         w.slots.admit(self._tokens, now)
-        w.first.add(self._tokens, now, base_ms, wait_ms)
+        w.first.add(self._tokens, now, base_ms, wait_ms, uncached)
         return self._tokens
 
     def leave(self, ep: Endpoint, token: int) -> None:

@@ -10,45 +10,60 @@ from extproc.scheduling.first_token import MARGIN, FirstTokenWait
 from extproc.scheduling.latency import LatencyModel
 
 
+def observe1(f: FirstTokenWait, count: float, at: float, slowdown: float) -> float | None:
+    return f.observe(count, at, slowdown)[0]
+
+
 def test_an_overdue_first_token_bounds_the_slowdown_from_below() -> None:
     f = FirstTokenWait()
-    f.add(1, 0.0, 100.0, 0.0)  # before the engine's count was seen: not counted
+    f.add(1, 0.0, 100.0, 0.0, 1000.0)  # before the engine's count was seen
+    assert observe1(f, 10, 0.0, 1.0) is None  # first sight: counting begins; 10 served, which unknown
     assert len(f) == 0
-    assert f.observe(10, 0.0, 1.0) is None  # first sight: counting begins
-    f.add(1, 0.0, 100.0, 0.0)  # predicted 100 ms
-    assert f.observe(10, 0.1, 1.0) is None  # 100 ms without a first token: within the margin
-    # 500 ms without it: at least (500 / 1.5) / 100 = 3.33x slower than the prior.
-    assert f.observe(10, 0.5, 1.0) == pytest.approx(500 / MARGIN / 100)
-    assert f.observe(10, 0.5, 4.0) is None  # no more than the slowdown already known
-    assert f.observe(11, 0.6, 1.0) is None  # its first token came: nothing is late
+    f.add(1, 0.0, 100.0, 0.0, 1000.0)  # predicted 100 ms
+    assert observe1(f, 10, 0.1, 1.0) is None  # 100 ms without a first token: as predicted
+    # 500 ms without it: at least 500 / 100 = 5x slower than the prior.
+    assert observe1(f, 10, 0.5, 1.0) == pytest.approx(500 / MARGIN / 100)
+    assert observe1(f, 10, 0.5, 6.0) is None  # no more than the slowdown already known
+    assert observe1(f, 11, 0.6, 1.0) is None  # its first token came: nothing is late
 
 
 def test_whichever_request_got_the_first_token_the_bound_holds() -> None:
     """A (100 ms predicted) and B (10 ms) routed; one first token came, A's or B's. One of the two
     is late either way: the bound is the smaller of the two implied slowdowns."""
     f = FirstTokenWait()
-    f.observe(0, 0.0, 1.0)
-    f.add(1, 0.0, 100.0, 0.0)
-    f.add(2, 0.1, 10.0, 0.0)
-    assert f.observe(1, 0.5, 1.0) == pytest.approx(min(500 / MARGIN / 100, 400 / MARGIN / 10))
+    observe1(f, 0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0, 1000.0)
+    f.add(2, 0.1, 10.0, 0.0, 1000.0)
+    assert observe1(f, 1, 0.5, 1.0) == pytest.approx(min(500 / MARGIN / 100, 400 / MARGIN / 10))
     # A's response ended (it had the first token): B is the late one.
     f.remove(1)
-    assert f.observe(1, 0.5, 1.0) == pytest.approx(400 / MARGIN / 10)
+    assert observe1(f, 1, 0.5, 1.0) == pytest.approx(400 / MARGIN / 10)
 
 
 def test_a_charged_slot_wait_is_not_read_as_slowness() -> None:
     f = FirstTokenWait()
-    f.observe(0, 0.0, 1.0)
-    f.add(1, 0.0, 100.0, 900.0)  # charged 900 ms waiting for a slot, then 100 ms of prefill
-    assert f.observe(0, 1.2, 1.0) is None  # (1200 / 1.5 - 900) / 100 < 1
-    assert f.observe(0, 2.0, 1.0) == pytest.approx((2000 / MARGIN - 900) / 100)
+    observe1(f, 0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 900.0, 1000.0)  # charged 900 ms waiting for a slot, then 100 ms of prefill
+    assert observe1(f, 0, 0.95, 1.0) is None  # (950 - 900) / 100 < 1
+    assert observe1(f, 0, 2.0, 1.0) == pytest.approx((2000 / MARGIN - 900) / 100)
 
 
 def test_an_engine_restart_starts_counting_again() -> None:
     f = FirstTokenWait()
-    f.observe(50, 0.0, 1.0)
-    f.add(1, 0.0, 100.0, 0.0)
-    assert f.observe(3, 1.0, 1.0) is None and len(f) == 0  # the count went down: a new engine
+    observe1(f, 50, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0, 1000.0)
+    assert observe1(f, 3, 1.0, 1.0) is None and len(f) == 0  # the count went down: a new engine
+
+
+def test_requests_without_a_first_token_are_still_to_prefill() -> None:
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)  # a fresh engine: nothing served before
+    for token, uncached in ((1, 7000.0), (2, 500.0), (3, 3000.0)):
+        f.add(token, 0.0, 400.0, 0.0, uncached)
+    # No first token yet: all three wait; one may be part-way, the two smallest are whole.
+    assert f.observe(0, 0.1, 1.0)[1] == 500.0 + 3000.0
+    assert f.observe(1, 0.2, 1.0)[1] == 500.0  # one served: one of the other two is whole
+    assert f.observe(3, 0.3, 1.0)[1] == 0.0
 
 
 def test_the_model_raises_a_slow_endpoints_slowdown_before_its_first_window() -> None:
@@ -67,9 +82,9 @@ def test_the_model_raises_a_slow_endpoints_slowdown_before_its_first_window() ->
     base = model.base_ttft_ms(ep, model.work(ep, 0.0), 4000)  # 410 ms
     model.routed(ep, 4000, base, 0.0)
     model.admit(ep, 0.0, base, 0.0)
-    scrape(0.5, 0)
-    assert model.work(ep, 0.5).calibration_source == "prior"
-    scrape(2.0, 0)  # 2 s and no first token: at least 2000 / 1.5 / 410 = 3.25x
+    scrape(0.3, 0)
+    assert model.work(ep, 0.3).calibration_source == "prior"
+    scrape(2.0, 0)  # 2 s and no first token: at least 2000 / 410 = 4.9x
     w = model.work(ep, 2.0)
     assert w.calibration_source == "first-token-wait"
     assert w.slowdown == pytest.approx(2000 / MARGIN / base)

@@ -220,7 +220,7 @@ class PredictedTtftScorer:
         _, base, wait = self.model.predict(chosen, w, uncached)
         request.routing = Routing(chosen.key, now, base, wait,
                                   self.model.decode_ms(chosen, request.max_output_tokens),
-                                  self.model.admit(chosen, now, base, wait))
+                                  self.model.admit(chosen, now, base, wait, uncached))
         self.model.routed(chosen, uncached, base, now, request.prompt_bytes)
         if self.auto_tune:
             self._retune(chosen)
