@@ -29,6 +29,9 @@ system prompt's last block) is.
 
 Only requests that reuse something are counted (the first request of a prefix has no key); their
 count is released when the response ends, and moved when a fallback served the request instead.
+With several active-active pickers each counts only the requests it routed itself, while the
+loads include the scraped queues of all: a prefix hot across the pool becomes hot in each
+picker's count later (after slack + 1 of its own), and the endpoint bound is the pool's.
 factor 0 turns the bound off.
 """
 
