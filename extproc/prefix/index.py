@@ -9,7 +9,8 @@ Structure:
 Operations:
 - `match(hashes, candidates)`: the longest run of leading blocks that each candidate holds
   (consecutive from block 0, as on a paged KV cache). The walk ANDs bitmasks and stops as soon as
-  no candidate holds the next block, so a miss costs one dict lookup.
+  no candidate holds the next block, so a miss costs one dict lookup. The candidates' mask is
+  kept while the same list is asked again (the pool, request after request) and no slot changed.
 - `record(endpoint, hashes)`: called at decision time for the chosen endpoint; the prompt's first
   block becomes the most recently used entry.
 - `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
@@ -48,6 +49,9 @@ class PrefixIndex:
         self._capacity: dict[str, int] = {}
         self._entries = 0
         self._listeners: list[Callable[[str, Sequence[int]], None]] = []
+        # The last candidate list `match` saw, its slots' mask and slot -> endpoint: the scheduler
+        # asks with the same pool request after request. Dropped whenever a slot is given or freed.
+        self._candidates: tuple[list[str], int, dict[int, str]] | None = None
 
     # -- endpoints -------------------------------------------------------------------------
     def _slot_of(self, endpoint: str) -> int:
@@ -60,6 +64,7 @@ class PrefixIndex:
                 self._next_slot += 1
             self._slot[endpoint] = slot
             self._lru[endpoint] = {}
+            self._candidates = None
         return slot
 
     def set_capacity(self, endpoint: str, capacity: int) -> None:
@@ -96,21 +101,32 @@ class PrefixIndex:
                 del holders[h]
         self._entries -= len(lru)
         self._free_slots.append(slot)
+        self._candidates = None
 
     def endpoints(self) -> list[str]:
         return list(self._slot)
 
     # -- request path ----------------------------------------------------------------------
-    def match(self, hashes: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
-        """Number of leading blocks each candidate holds; candidates holding none are omitted."""
+    def _candidate_slots(self, candidates: Iterable[str]) -> tuple[int, dict[int, str]]:
+        """(mask of the candidates' slots, slot -> candidate), reused while the list is the same."""
+        listed = candidates if isinstance(candidates, list) else list(candidates)
+        cached = self._candidates
+        if cached is not None and cached[0] == listed:
+            return cached[1], cached[2]
         slots = self._slot
         active = 0
         by_slot: dict[int, str] = {}
-        for ep in candidates:
+        for ep in listed:
             slot = slots.get(ep)
             if slot is not None:
                 active |= 1 << slot
                 by_slot[slot] = ep
+        self._candidates = (list(listed), active, by_slot)
+        return active, by_slot
+
+    def match(self, hashes: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
+        """Number of leading blocks each candidate holds; candidates holding none are omitted."""
+        active, by_slot = self._candidate_slots(candidates)
         result: dict[str, int] = {}
         if not active or not hashes:
             return result
@@ -236,3 +252,8 @@ class PrefixIndex:
     def held_by(self, endpoint: str) -> int:
         lru = self._lru.get(endpoint)
         return len(lru) if lru is not None else 0
+
+    def used_share(self, endpoint: str) -> float:
+        """held_by(endpoint) / capacity(endpoint), in one call (read for every candidate)."""
+        lru = self._lru.get(endpoint)
+        return (len(lru) if lru is not None else 0) / self._capacity.get(endpoint, self.default_capacity)

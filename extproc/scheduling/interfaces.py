@@ -57,7 +57,8 @@ class SchedulingRequest:
     backlog_mark: tuple[str, float] | None = None  # (endpoint, its routed-token count once this was added)
     routing: Routing | None = None  # set by predicted-ttft-scorer at the pick
     reuse: tuple[str, int] | None = None  # (endpoint, reuse key) counted by predicted-ttft-scorer
-    # Per candidate key: the signals its prediction used, for --explain-decisions.
+    # The chosen endpoint's key (and those bounded reuse priced out): the signals its prediction
+    # used, for --explain-decisions.
     signals: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -93,7 +93,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from extproc.config.settings import LatencyConfig
-from extproc.core.datastore import Endpoint
+from extproc.core.datastore import Endpoint, ModelServerMetrics
 from extproc.scheduling.first_token import FirstTokenWait
 from extproc.scheduling.interfaces import Routing
 from extproc.scheduling.load import endpoint_load
@@ -161,43 +161,63 @@ class LatencyModel:
     # -- per-endpoint state ------------------------------------------------------------------
     def work(self, ep: Endpoint, now: float) -> EndpointWork:
         """The endpoint's state, drained to `now` and corrected by a scrape not yet applied."""
-        w = self._work.get(ep.key)
-        if w is None:
-            w = self._work[ep.key] = EndpointWork(updated_at=now, slowdown=self._pool_slowdown)
-            if self._pool_slowdown != 1.0:
-                w.calibration_source = "pool"
-        if now > w.updated_at:
-            drained = (now - w.updated_at) / (self.config.prefill_ms_per_token * w.slowdown) * 1000.0
-            w.backlog = max(0.0, w.backlog - drained)
-            w.routed_backlog = max(0.0, w.routed_backlog - drained)
-            w.churn *= 0.5 ** ((now - w.updated_at) / CHURN_HALF_LIFE_S)
-            w.updated_at = now
-        m = ep.metrics
-        if m is not None and m.ok and m.updated_at > w.seen_scrape_at:
-            w.seen_scrape_at = m.updated_at
-            # The queue's share that the prefill routed there explains (slots.py); not the
-            # corrected backlog, which a scrape's waiting requests raise by themselves.
-            limit = w.slots.limit
-            w.slots.observe(m, w.routed_backlog / w.mean_uncached if w.mean_uncached > 0 else 0.0)
-            if w.slots.limit != limit:
-                self._share_limits()
-            if m.waiting <= 0 and m.running <= 0:
-                w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
-                w.routed_backlog = min(w.routed_backlog, w.backlog)
-            elif m.waiting > 0:
-                w.backlog = max(w.backlog, m.waiting * w.mean_uncached)
-            w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
-            if self.config.calibrate and m.ttft_count >= 0:
-                self._calibrate(w, m.ttft_sum_s, m.ttft_count)
-                late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown)
-                if late is not None:  # first tokens overdue (first_token.py): at least this slow
-                    w.slowdown, w.calibration_source = min(late, self.config.max_slowdown), "first-token-wait"
-                    self._share_calibration()
-                w.backlog = max(w.backlog, unfinished)
-                w.routed_backlog = max(w.routed_backlog, min(unfinished, w.backlog))
-            if m.prompt_tokens >= 0 and m.ttft_count >= 0:
-                self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
-        return w
+        return self.works((ep,), now)[0]
+
+    def works(self, endpoints: Sequence[Endpoint], now: float) -> list[EndpointWork]:
+        """`work` for each endpoint, in order: one call per decision rather than one per
+        candidate (the scorer's per-endpoint cost at 256 endpoints), same arithmetic."""
+        states = self._work
+        per_ms = self.config.prefill_ms_per_token
+        decay_dt, decay = -1.0, 1.0  # the churn factor of the last interval (usually one `now` for all)
+        out = []
+        for ep in endpoints:
+            w = states.get(ep.key)
+            if w is None:
+                w = states[ep.key] = EndpointWork(updated_at=now, slowdown=self._pool_slowdown)
+                if self._pool_slowdown != 1.0:
+                    w.calibration_source = "pool"
+            if now > w.updated_at:
+                dt = now - w.updated_at
+                drained = dt / (per_ms * w.slowdown) * 1000.0
+                left = w.backlog - drained  # max(0.0, left) without the call, as below
+                w.backlog = left if left > 0.0 else 0.0
+                left = w.routed_backlog - drained
+                w.routed_backlog = left if left > 0.0 else 0.0
+                if dt != decay_dt:
+                    decay_dt, decay = dt, 0.5 ** (dt / CHURN_HALF_LIFE_S)
+                w.churn *= decay
+                w.updated_at = now
+            m = ep.metrics
+            if m is not None and m.ok and m.updated_at > w.seen_scrape_at:
+                self._apply_scrape(w, m)
+            out.append(w)
+        return out
+
+    def _apply_scrape(self, w: EndpointWork, m: ModelServerMetrics) -> None:
+        """Correct the state by a scrape the request path sees for the first time (module docstring)."""
+        w.seen_scrape_at = m.updated_at
+        # The queue's share that the prefill routed there explains (slots.py); not the
+        # corrected backlog, which a scrape's waiting requests raise by themselves.
+        limit = w.slots.limit
+        w.slots.observe(m, w.routed_backlog / w.mean_uncached if w.mean_uncached > 0 else 0.0)
+        if w.slots.limit != limit:
+            self._share_limits()
+        if m.waiting <= 0 and m.running <= 0:
+            w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
+            w.routed_backlog = min(w.routed_backlog, w.backlog)
+        elif m.waiting > 0:
+            w.backlog = max(w.backlog, m.waiting * w.mean_uncached)
+        w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
+        if self.config.calibrate and m.ttft_count >= 0:
+            self._calibrate(w, m.ttft_sum_s, m.ttft_count)
+            late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown)
+            if late is not None:  # first tokens overdue (first_token.py): at least this slow
+                w.slowdown, w.calibration_source = min(late, self.config.max_slowdown), "first-token-wait"
+                self._share_calibration()
+            w.backlog = max(w.backlog, unfinished)
+            w.routed_backlog = max(w.routed_backlog, min(unfinished, w.backlog))
+        if m.prompt_tokens >= 0 and m.ttft_count >= 0:
+            self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
 
     def _learn_bytes_per_token(self, w: EndpointWork, prompt_tokens: float, requests: float) -> None:
         if w.requests < 0 or requests < w.requests or prompt_tokens < w.prompt_tokens:
@@ -280,22 +300,53 @@ class LatencyModel:
     def prompt_tokens(self, prompt_tokens: int, prompt_bytes: int) -> float:
         return float(prompt_tokens) if prompt_tokens > 0 else prompt_bytes / self.bytes_per_token
 
-    def base_ttft_ms(self, ep: Endpoint, w: EndpointWork, uncached: float, backlog: bool = True) -> float:
+    def base_ttft_ms(self, ep: Endpoint, w: EndpointWork, uncached: float, backlog: bool = True,
+                     load: float | None = None) -> float:
         """Predicted TTFT without the endpoint's slowdown (see the module docstring); `backlog`
-        False: as if the request were admitted now, after its wait for a slot."""
+        False: as if the request were admitted now, after its wait for a slot. `load`: the
+        endpoint's load when the caller has it already."""
         c = self.config
         work = (w.backlog if backlog else 0.0) + uncached
         steps = max(1.0, math.ceil(work / c.step_tokens))
-        return c.overhead_ms + work * c.prefill_ms_per_token + steps * c.decode_ms_per_seq * endpoint_load(ep)
+        running = endpoint_load(ep) if load is None else load
+        return c.overhead_ms + work * c.prefill_ms_per_token + steps * c.decode_ms_per_seq * running
 
     def predict(self, ep: Endpoint, w: EndpointWork, uncached: float) -> tuple[float, float, float]:
         """(predicted TTFT, its base without slowdown and slot wait, the slot wait), in ms."""
-        base = self.base_ttft_ms(ep, w, uncached)
-        wait = w.slots.wait_ms(endpoint_load(ep), w.updated_at, self.pool_limit)  # work() drained w to now
+        load = endpoint_load(ep)
+        base = self.base_ttft_ms(ep, w, uncached, load=load)
+        wait = w.slots.wait_ms(load, w.updated_at, self.pool_limit)  # work() drained w to now
         ttft = w.slowdown * base
         if wait > 0:
-            ttft = max(ttft, wait + w.slowdown * self.base_ttft_ms(ep, w, uncached, backlog=False))
+            ttft = max(ttft, wait + w.slowdown * self.base_ttft_ms(ep, w, uncached, backlog=False, load=load))
         return ttft, base, wait
+
+    def predict_ttfts(self, endpoints: Sequence[Endpoint], works: Sequence[EndpointWork],
+                      uncached: Sequence[float]) -> list[float]:
+        """`predict(...)[0]` for each endpoint, in one loop: base_ttft_ms inlined with the config
+        read once, the slot wait asked only where a limit and the occupancy are known (0 otherwise,
+        as wait_ms says).
+        The same arithmetic in the same order, so the same floats (tests/scheduling/test_latency.py)."""
+        c = self.config
+        overhead, per_token, step, per_seq = c.overhead_ms, c.prefill_ms_per_token, c.step_tokens, c.decode_ms_per_seq
+        ceil, pool_limit = math.ceil, self.pool_limit
+        out = []
+        for ep, w, u in zip(endpoints, works, uncached, strict=True):
+            load = endpoint_load(ep)
+            work = w.backlog + u
+            steps = ceil(work / step)
+            ttft = w.slowdown * (overhead + work * per_token + (steps if steps > 1.0 else 1.0) * per_seq * load)
+            slots = w.slots
+            if (slots.limit > 0 or pool_limit > 0) and slots.occupancy_ms >= 0:  # else wait_ms is 0
+                wait = slots.wait_ms(load, w.updated_at, pool_limit)
+                if wait > 0:
+                    steps = ceil(u / step)
+                    base = overhead + u * per_token + (steps if steps > 1.0 else 1.0) * per_seq * load
+                    alone = wait + w.slowdown * base
+                    if alone > ttft:
+                        ttft = alone
+            out.append(ttft)
+        return out
 
     def decode_ms(self, ep: Endpoint, output_tokens: int) -> float:
         """Predicted decode time of `output_tokens` on `ep` without slowdown; -1 when unknown."""

@@ -25,9 +25,13 @@ STALE_INTERVALS = 2.0
 
 def endpoint_load(ep: Endpoint) -> float:
     m = ep.metrics
+    inflight = ep.inflight
     if m is None or not m.ok:
-        return float(ep.inflight)
-    return max(float(ep.inflight), m.waiting + m.running + routed_since_scrape(ep))
+        return float(inflight)
+    # max(inflight, scraped + routed_since_scrape(ep)), without the calls: read for every candidate.
+    since = inflight - ep.inflight_at_scrape
+    load = m.waiting + m.running + (since if since > 0 else 0)
+    return load if load > inflight else float(inflight)
 
 
 def usable_metrics(ep: Endpoint, now: float, staleness_s: float) -> ModelServerMetrics | None:

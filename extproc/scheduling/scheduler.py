@@ -129,11 +129,11 @@ class Scheduler:
         per_scorer: list[list[float]] = []
         for ws in self.scorers:
             scores = ws.scorer.score(request, endpoints)
-            clamped = [min(max(s, 0.0), 1.0) for s in scores]
+            # min(max(s, 0.0), 1.0) (NaN stays NaN) without two calls per endpoint.
+            clamped = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
             per_scorer.append(clamped)
             w = ws.weight
-            for i in range(n):
-                totals[i] += w * clamped[i]
+            totals = [t + w * x for t, x in zip(totals, clamped, strict=True)]
         picked = self.picker.pick(endpoints, totals, self.max_endpoints)
         chosen = picked[0]
         ci = endpoints.index(chosen)

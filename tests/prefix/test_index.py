@@ -120,3 +120,18 @@ def test_listeners_see_local_records_only_and_dump_load_round_trips() -> None:
     for ep, hashes in dumped.items():
         copy.load(ep, hashes)
     assert dict(copy.dump()) == dumped and copy.entries == idx.entries
+
+
+def test_match_sees_endpoints_that_got_a_slot_after_the_same_candidate_list_was_asked() -> None:
+    idx = PrefixIndex(100)
+    idx.record("a", [1, 2])
+    candidates = ["a", "b", "c"]
+    assert idx.match([1, 2], candidates) == {"a": 2}
+    idx.record("b", [1])  # b had no slot when the list was first asked
+    assert idx.match([1, 2], candidates) == {"a": 2, "b": 1}
+    idx.remove_endpoint("a")
+    idx.record("c", [1, 2])  # c takes a's freed slot
+    assert idx.match([1, 2], candidates) == {"b": 1, "c": 2}
+    candidates.remove("c")  # the caller's list changed in place: not the list asked before
+    assert idx.match([1, 2], candidates) == {"b": 1}
+    assert idx.match([1, 2], iter(["c"])) == {"c": 2}

@@ -83,6 +83,8 @@ def test_warm_replica_with_a_long_queue_loses_to_an_idle_cold_one() -> None:
     # No engine metrics here: the signals the prediction lacked are named unknown, not taken as 0.
     assert explained.endswith("signals=slots=unknown occupancy=unknown slot_wait=0ms queue=unknown "
                               "slowdown=1.00(prior)")
+    # Described for the chosen endpoint only (the one reported), not for every candidate.
+    assert d.request is not None and set(d.request.signals) == {other.key}
 
 
 def test_a_prefix_still_prefilling_counts_as_cached_where_it_was_routed() -> None:

@@ -189,3 +189,40 @@ def test_an_endpoint_that_never_queued_takes_the_pools_admission_limit() -> None
     # 8 there (running, no queue): ahead = 8 - 8 + 1 = 1, one slot every 800 / 8 = 100 ms.
     assert model.predict(b, wb, 0)[2] == pytest.approx(100.0)
     assert wb.slots.describe(model.pool_limit) == "slots=8(pool) occupancy=800ms"
+
+
+def test_the_batched_predictions_are_the_per_endpoint_ones_to_the_bit() -> None:
+    """predict_ttfts (the scorer's one loop) and works() against predict()[0] and work() one by one,
+    over endpoints with and without a scrape, a slot limit (their own or the pool's), a queue beyond
+    it, and decode contention."""
+    config = LatencyConfig(prefill_ms_per_token=0.137, overhead_ms=9.3, decode_ms_per_seq=0.71, step_tokens=512)
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in range(1, 9)])
+    eps = list(ds.snapshot())
+    for i, ep in enumerate(eps[:6]):
+        ds.set_metrics(ep.key, metrics(i % 3, 1 + i, at=1.0))
+    for i, ep in enumerate(eps):
+        for _ in range(i):
+            ds.acquire(ep.key)
+    runs = []
+    for batched in (False, True):
+        clock = Clock()
+        model = LatencyModel(config, bytes_per_token=4, clock=clock)
+        for i, ep in enumerate(eps):
+            model.routed(ep, 300.0 * i, None, clock.now)
+            w = model.work(ep, clock.now)
+            if i % 2:
+                w.slots.limit, w.slots.occupancy_ms, w.slowdown = 2.0, 90.0 + i, 1.0 + i / 7
+            elif i % 4 == 2:  # no limit of its own: the pool's stands for it
+                w.slots.occupancy_ms = 50.0 + i
+        model.pool_limit = 3.0
+        clock.now += 0.0123
+        works = model.works(eps, clock.now) if batched else [model.work(ep, clock.now) for ep in eps]
+        uncached = [0.0, 1.0, 511.0, 512.0, 513.0, 4000.5, 77.0, 10000.0]
+        if batched:
+            ttfts = model.predict_ttfts(eps, works, uncached)
+        else:
+            ttfts = [model.predict(ep, w, u)[0] for ep, w, u in zip(eps, works, uncached, strict=True)]
+        runs.append((ttfts, [(w.backlog, w.routed_backlog, w.churn, w.slots.limit) for w in works]))
+    assert runs[0] == runs[1]  # exactly equal floats, not approximately
+    assert any(model.predict(ep, w, 0.0)[2] > 0 for ep, w in zip(eps, works, strict=True))  # a wait was charged

@@ -43,7 +43,8 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    replicas as its load needs instead of piling onto the one that first cached it.
 6. score(e) = min cost / cost(e): 1 for the best, in (0, 1] for the rest; the max-score picker
    then takes the least cost (random among equals). Each candidate's prediction is kept in
-   `request.predictions`, and the signals it used in `request.signals`, for --explain-decisions.
+   `request.predictions`, and the signals the chosen one's used (and those of any that bounded
+   reuse priced out) in `request.signals`, for --explain-decisions.
 
 After the pick (PickObserver), the chosen endpoint's backlog grows by its uncached tokens and the
 request keeps what it was charged (`request.routing`); when the response ends, what was queued
@@ -154,7 +155,7 @@ class PredictedTtftScorer:
         m = ep.metrics
         used = m.kv_usage if m is not None and m.ok else 0.0
         if self.index is not None:
-            used = max(used, self.index.held_by(ep.key) / self.index.capacity(ep.key))
+            used = max(used, self.index.used_share(ep.key))
         return min(used, 1.0)
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
@@ -163,32 +164,44 @@ class PredictedTtftScorer:
         if len(model) > 2 * len(endpoints) + 16:
             model.forget_others(endpoints)
         prompt_bytes, tokens = self._prompt_size(request)
-        cached = [self._cached(request, ep, tokens, prompt_bytes) for ep in endpoints]
+        # Only candidates either index matched can hold any of the prompt (_cached is 0 elsewhere).
+        held_somewhere = request.prefix_match.keys() | request.precise_match.keys()
+        if self.max_prefix_blocks > 0 and len(held_somewhere) < len(endpoints):
+            cached = [self._cached(request, ep, tokens, prompt_bytes) if ep.key in held_somewhere else 0.0
+                      for ep in endpoints]
+        else:
+            cached = [self._cached(request, ep, tokens, prompt_bytes) for ep in endpoints]
         costs: list[float] = []
         predictions = request.predictions
         family = request.block_hashes[0] if request.block_hashes else None
-        works = [model.work(ep, now) for ep in endpoints]
+        works = model.works(endpoints, now)
         most = max(cached, default=0.0)
         home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
         # A prompt no candidate holds is placed by cache room (3. above), among the other families.
         others = len(self._homes) - (1 if home_key else 0)
         mean_homes = others / len(endpoints) if most <= 0 and endpoints else 0.0
         mean_churn = sum(w.churn for w in works) / len(works) if self._by_churn and mean_homes > 0 else 0.0
-        signals = request.signals
+        hits = cached
         bounded = self._loads(endpoints)
-        slack = self.balance.slack
-        for i, (ep, w, hit) in enumerate(zip(endpoints, works, cached, strict=True)):
-            over = False
-            if hit > 0 and bounded is not None:
-                key = self._reuse_key(request, ep)
-                loads, bound = bounded
-                if key is not None and over_bound(self.reuse.get(ep.key, key), loads[i], bound, slack):
-                    hit, over = 0.0, True  # bounded reuse (5. above): priced as a cold replica
-            uncached = tokens - hit
-            ttft, _, wait = model.predict(ep, w, uncached)
-            signals[ep.key] = model.describe(ep, w, wait) + (" reuse=over-bound" if over else "")
+        if bounded is not None:  # bounded reuse (5. above), asked only where something is cached
+            loads, bound = bounded
+            slack = self.balance.slack
+            hits = list(cached)
+            for i, hit in enumerate(cached):
+                if hit > 0:
+                    ep = endpoints[i]
+                    key = self._reuse_key(request, ep)
+                    if key is not None and over_bound(self.reuse.get(ep.key, key), loads[i], bound, slack):
+                        hits[i] = 0.0  # priced as a cold replica
+                        # Its signals say so (described here: the others' only for the chosen one, at the pick).
+                        _, _, wait = model.predict(ep, works[i], tokens)
+                        request.signals[ep.key] = model.describe(ep, works[i], wait) + " reuse=over-bound"
+        held_away = max(most, min(shared, tokens))
+        uncached_all = [tokens - hit for hit in hits]
+        ttfts = model.predict_ttfts(endpoints, works, uncached_all)
+        for ep, w, hit, uncached, ttft in zip(endpoints, works, hits, uncached_all, ttfts, strict=True):
             cost = ttft
-            held = most if ep.key == home_key else max(most, min(shared, tokens))
+            held = most if ep.key == home_key else held_away
             if c.eviction_weight and (hit < held or mean_homes > 0):
                 # The recompute a full cache displaces, per token placed there.
                 evict_ms = c.eviction_weight * self._fullness(ep) * c.prefill_ms_per_token * w.slowdown
@@ -218,6 +231,8 @@ class PredictedTtftScorer:
         family = request.block_hashes[0] if request.block_hashes else None
         _, tokens = self._prompt_size(request)
         _, base, wait = self.model.predict(chosen, w, uncached)
+        if chosen.key not in request.signals:  # described once, for the endpoint reported, not per candidate
+            request.signals[chosen.key] = self.model.describe(chosen, w, wait)
         request.routing = Routing(chosen.key, now, base, wait,
                                   self.model.decode_ms(chosen, request.max_output_tokens),
                                   self.model.admit(chosen, now, base, wait, uncached))
