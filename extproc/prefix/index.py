@@ -130,17 +130,31 @@ class PrefixIndex:
         result: dict[str, int] = {}
         if not active or not hashes:
             return result
-        holders = self._holders
+        n = len(hashes)
         i = 0
-        for i, h in enumerate(hashes):
-            nxt = holders.get(h, 0) & active
-            if nxt != active:
-                dropped = active & ~nxt
-                self._assign(dropped, i, by_slot, result)
-                active = nxt
-                if not active:
-                    return result
-        self._assign(active, len(hashes), by_slot, result)
+        if active & (active - 1):  # several candidates: AND their masks block by block
+            holders = self._holders
+            for i, h in enumerate(hashes):
+                nxt = holders.get(h, 0) & active
+                if nxt != active:
+                    self._assign(active & ~nxt, i, by_slot, result)
+                    active = nxt
+                    if not active & (active - 1):  # none or one left, holding block i
+                        break
+            else:
+                self._assign(active, n, by_slot, result)
+                return result
+            if not active:
+                return result
+            i += 1
+        # One candidate left: its own LRU (which holds h exactly when its bit is set in
+        # holders[h]) answers the rest, a small dict instead of the pool-wide one and no mask.
+        lru = self._lru[by_slot[active.bit_length() - 1]]
+        for h in hashes[i:] if i else hashes:
+            if h not in lru:
+                break
+            i += 1
+        self._assign(active, i, by_slot, result)
         return result
 
     @staticmethod

@@ -135,3 +135,34 @@ def test_match_sees_endpoints_that_got_a_slot_after_the_same_candidate_list_was_
     candidates.remove("c")  # the caller's list changed in place: not the list asked before
     assert idx.match([1, 2], candidates) == {"b": 1}
     assert idx.match([1, 2], iter(["c"])) == {"c": 2}
+
+
+def test_match_agrees_with_a_walk_over_each_endpoints_own_blocks() -> None:
+    """Random records, forgets, evictions and removals; match (the pool-wide masks, then one LRU
+    once a single candidate is left) against the definition: the leading blocks each one holds."""
+    rng = random.Random(7)
+    idx = PrefixIndex(40)
+    names = [f"e{k}" for k in range(6)]
+    for step in range(400):
+        ep = rng.choice(names)
+        op = rng.random()
+        if op < 0.7:
+            start = rng.randrange(30)
+            idx.record(ep, list(range(start, start + rng.randrange(1, 25))))
+        elif op < 0.9:
+            idx.forget(ep, [rng.randrange(60) for _ in range(5)])
+        elif op < 0.95:
+            idx.set_capacity(ep, rng.randrange(5, 60))
+        else:
+            idx.remove_endpoint(ep)
+        held = {e: set(blocks) for e, blocks in idx.dump()}
+        candidates = rng.sample(names, rng.randrange(1, 7))
+        hashes = list(range(rng.randrange(3), rng.randrange(3, 50)))
+        expected = {}
+        for e in candidates:
+            n = 0
+            while n < len(hashes) and hashes[n] in held.get(e, ()):
+                n += 1
+            if n:
+                expected[e] = n
+        assert idx.match(hashes, candidates) == expected, step
