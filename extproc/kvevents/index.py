@@ -85,6 +85,9 @@ class PreciseIndex:
         self._next_bit = 0
         self._capacity: dict[str, int] = {}
         self._queue: deque[tuple[float, _Speculative, Sequence[int]]] = deque()
+        # The last candidate list `match` saw, its slots' mask and bit -> slot (as in
+        # extproc/prefix/index.py); dropped whenever a slot is made or an endpoint removed.
+        self._candidates: tuple[list[str], int, dict[int, _Confirmed | _Speculative]] | None = None
         self.lora_names: set[str] = set()
         self.last_block_size = 0  # block_size of the latest BlockStored
         self.entries = 0  # confirmed (slot, key) entries
@@ -104,6 +107,7 @@ class PreciseIndex:
             slot = _Confirmed(self._new_bit(source[0]), source[0])
             self._confirmed[source] = slot
             self._slots_of.setdefault(source[0], []).append(slot)
+            self._candidates = None
         return slot
 
     def _speculative_slot(self, endpoint: str) -> _Speculative:
@@ -112,6 +116,7 @@ class PreciseIndex:
             slot = _Speculative(self._new_bit(endpoint), endpoint)
             self._speculative[endpoint] = slot
             self._slots_of.setdefault(endpoint, []).append(slot)
+            self._candidates = None
         return slot
 
     def _clear_bit(self, key: int, bit: int) -> None:
@@ -239,6 +244,7 @@ class PreciseIndex:
 
     def remove_endpoint(self, endpoint: str) -> None:
         """Purge an endpoint that left the pool: all its ranks and its speculative entries."""
+        self._candidates = None
         for slot in self._slots_of.pop(endpoint, ()):
             keys: Iterable[int] = slot.entries if isinstance(slot, _Confirmed | _Speculative) else ()
             for key in keys:
@@ -289,25 +295,55 @@ class PreciseIndex:
     def match(self, keys: Sequence[int], candidates: Iterable[str], now: float) -> dict[str, int]:
         """Leading keys held per candidate (best slot); candidates holding none are omitted."""
         self.expire(now)
-        active = 0
-        slots_of = self._slots_of
-        for ep in candidates:
-            for slot in slots_of.get(ep, ()):
-                active |= 1 << slot.bit
+        active, by_bit = self._candidate_slots(candidates)
         result: dict[str, int] = {}
         if not active or not keys:
             return result
-        holders = self._holders
-        for i, key in enumerate(keys):
-            nxt = holders.get(key, 0) & active
-            if nxt != active:
-                if i:
-                    self._assign(active & ~nxt, i, result)
-                active = nxt
-                if not active:
-                    return result
-        self._assign(active, len(keys), result)
+        n = len(keys)
+        i = 0
+        if active & (active - 1):  # several slots: AND their masks key by key
+            holders = self._holders
+            for i, key in enumerate(keys):
+                nxt = holders.get(key, 0) & active
+                if nxt != active:
+                    if i:
+                        self._assign(active & ~nxt, i, result)
+                    active = nxt
+                    if not active & (active - 1):  # none or one left, holding key i
+                        break
+            else:
+                self._assign(active, n, result)
+                return result
+            if not active:
+                return result
+            i += 1
+        # One slot left: its own entries (which hold a key exactly when its bit is set in
+        # holders[key]) answer the rest, a small dict instead of the pool-wide one and no mask.
+        entries = by_bit[active.bit_length() - 1].entries
+        for key in keys[i:] if i else keys:
+            if key not in entries:
+                break
+            i += 1
+        if i:
+            self._assign(active, i, result)
         return result
+
+    def _candidate_slots(self, candidates: Iterable[str]) -> tuple[int, dict[int, _Confirmed | _Speculative]]:
+        """(mask of the candidates' slots, bit -> slot), reused while the list is the same."""
+        listed = candidates if isinstance(candidates, list) else list(candidates)
+        cached = self._candidates
+        if cached is not None and cached[0] == listed:
+            return cached[1], cached[2]
+        active = 0
+        by_bit: dict[int, _Confirmed | _Speculative] = {}
+        slots_of = self._slots_of
+        for ep in listed:
+            for slot in slots_of.get(ep, ()):
+                if isinstance(slot, _Confirmed | _Speculative):
+                    active |= 1 << slot.bit
+                    by_bit[slot.bit] = slot
+        self._candidates = (list(listed), active, by_bit)
+        return active, by_bit
 
     def _assign(self, mask: int, matched: int, result: dict[str, int]) -> None:
         owner = self._owner

@@ -130,3 +130,47 @@ def test_a_hybrid_models_window_and_state_groups_never_claim_the_prefix() -> Non
     idx.apply(src, Stored([30 + i for i in range(6)], None, TOKENS, BS, None, indexable=True, group=3))
     idx.apply(src, Removed([30, 31], group=3))
     assert idx.match(KEYS, [A], 0.0) == {A: 4}
+
+
+def test_match_agrees_with_each_slots_own_entries_under_random_events() -> None:
+    """Stores, removals, clears, speculation, expiry, eviction and removed endpoints at random;
+    match (pool-wide masks, then one slot's entries once a single slot is left) against the
+    definition: per candidate, the most leading keys any one of its slots holds."""
+    rng = random.Random(11)
+    tokens = list(range(5000, 5000 + 24 * BS))
+    keys = chain_keys(tokens, BS, key_seed(None))
+    idx = PreciseIndex(12, speculative_ttl_s=1.0)
+    names = [f"10.0.0.{k}:8000" for k in range(1, 5)]
+    now = 0.0
+    for step in range(500):
+        now += rng.choice((0.0, 0.1, 0.6))
+        ep, rank = rng.choice(names), rng.randrange(2)
+        source = (ep, rank)
+        serial = 1_000 * (names.index(ep) * 2 + rank + 1)
+        op = rng.random()
+        if op < 0.5:
+            n = rng.randrange(1, 20)
+            idx.apply(source, stored([serial + k for k in range(n)], None, tokens[:n * BS]))
+        elif op < 0.65:
+            idx.apply(source, Removed([serial + rng.randrange(20) for _ in range(3)]))
+        elif op < 0.85:
+            idx.record_speculative(ep, keys[:rng.randrange(1, 24)], now)
+        elif op < 0.9:
+            idx.apply(source, Cleared())
+        elif op < 0.93:
+            idx.remove_endpoint(ep)
+        candidates = rng.sample(names, rng.randrange(1, 5))
+        asked = keys[rng.randrange(2):rng.randrange(2, 24)]
+        result = idx.match(asked, candidates, now)  # expires first: the definition below sees the same slots
+        expected = {}
+        for e in candidates:
+            best = 0
+            for slot in idx._slots_of.get(e, ()):
+                held = slot.entries  # type: ignore[attr-defined]
+                n = 0
+                while n < len(asked) and asked[n] in held:
+                    n += 1
+                best = max(best, n)
+            if best:
+                expected[e] = best
+        assert result == expected, step
