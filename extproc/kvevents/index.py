@@ -19,7 +19,7 @@ full-attention groups' stores are indexable; a source indexes the first such gro
 
 Matching (`match`): for each candidate endpoint, the longest run of leading keys held by any one
 of its slots (max over ranks and the speculative slot). The walk ANDs bitmasks and stops at the
-first key nobody holds.
+first key nobody holds; once the slots left are one endpoint's, each walks its own entries.
 
 Memory: each confirmed slot holds at most its capacity (`set_capacity`, from the engine's
 `num_gpu_blocks` when scraped, else `default_capacity`: `--kv-events-index-capacity`, 32768 by
@@ -37,9 +37,11 @@ from collections.abc import Iterable, Sequence
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Event, Removed, Stored
+from extproc.prefix.index import leading_in
 
 Source = tuple[str, int]  # (endpoint key, data-parallel rank)
 BYTES_PER_ENTRY = 230  # measured with tracemalloc, CPython 3.11 (tests/kvevents/test_index.py)
+MAX_SLOTS_ONE_WALK = 8  # match walks one endpoint's slots' own entries when that many or fewer are left
 
 
 class _Slot:
@@ -301,7 +303,7 @@ class PreciseIndex:
             return result
         n = len(keys)
         i = 0
-        if active & (active - 1):  # several slots: AND their masks key by key
+        if not self._one_endpoint(active, by_bit):  # several endpoints: AND their masks key by key
             holders = self._holders
             for i, key in enumerate(keys):
                 nxt = holders.get(key, 0) & active
@@ -309,7 +311,7 @@ class PreciseIndex:
                     if i:
                         self._assign(active & ~nxt, i, result)
                     active = nxt
-                    if not active & (active - 1):  # none or one left, holding key i
+                    if not active or self._one_endpoint(active, by_bit):  # each left holds key i
                         break
             else:
                 self._assign(active, n, result)
@@ -317,16 +319,34 @@ class PreciseIndex:
             if not active:
                 return result
             i += 1
-        # One slot left: its own entries (which hold a key exactly when its bit is set in
-        # holders[key]) answer the rest, a small dict instead of the pool-wide one and no mask.
-        entries = by_bit[active.bit_length() - 1].entries
-        for key in keys[i:] if i else keys:
-            if key not in entries:
-                break
-            i += 1
-        if i:
-            self._assign(active, i, result)
+        # The slots left are one endpoint's (its ranks, its speculative slot): each slot's own
+        # entries (which hold a key exactly when its bit is set in holders[key]) answer the rest,
+        # small dicts instead of the pool-wide one and no mask; the endpoint has the longest run.
+        best, mask = i, active
+        while mask:
+            low = mask & -mask
+            entries = by_bit[low.bit_length() - 1].entries
+            best = max(best, i + leading_in(entries, keys[i:] if i else keys))
+            mask ^= low
+        if best:
+            self._assign(active, best, result)
         return result
+
+    @staticmethod
+    def _one_endpoint(active: int, by_bit: dict[int, _Confirmed | _Speculative]) -> bool:
+        """True when every slot in `active` is one endpoint's (asked only when the mask changes;
+        a mask of more than MAX_SLOTS_ONE_WALK bits is taken as several, which is only slower)."""
+        if active.bit_count() > MAX_SLOTS_ONE_WALK:
+            return False
+        owner = ""
+        while active:
+            low = active & -active
+            endpoint = by_bit[low.bit_length() - 1].endpoint
+            if owner and endpoint != owner:
+                return False
+            owner = endpoint
+            active ^= low
+        return True
 
     def _candidate_slots(self, candidates: Iterable[str]) -> tuple[int, dict[int, _Confirmed | _Speculative]]:
         """(mask of the candidates' slots, bit -> slot), reused while the list is the same."""

@@ -30,10 +30,19 @@ PrefixConfig.lru_capacity_per_server: the Go EPP's lruCapacityPerServer, 31250 b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 
 # Measured with tracemalloc (tests/prefix/test_index.py::test_memory_per_entry_is_bounded).
 BYTES_PER_ENTRY = 100
+
+
+def leading_in(held: Container[int], keys: Sequence[int]) -> int:
+    """How many of `keys`, from the first, are in `held` (the walk in C: it stops at the first miss)."""
+    try:
+        return operator.indexOf(map(held.__contains__, keys), False)
+    except ValueError:
+        return len(keys)
 
 
 class PrefixIndex:
@@ -150,11 +159,7 @@ class PrefixIndex:
         # One candidate left: its own LRU (which holds h exactly when its bit is set in
         # holders[h]) answers the rest, a small dict instead of the pool-wide one and no mask.
         lru = self._lru[by_slot[active.bit_length() - 1]]
-        for h in hashes[i:] if i else hashes:
-            if h not in lru:
-                break
-            i += 1
-        self._assign(active, i, by_slot, result)
+        self._assign(active, i + leading_in(lru, hashes[i:] if i else hashes), by_slot, result)
         return result
 
     @staticmethod
