@@ -19,7 +19,7 @@ full-attention groups' stores are indexable; a source indexes the first such gro
 
 Matching (`match`): for each candidate endpoint, the longest run of leading keys held by any one
 of its slots (max over ranks and the speculative slot). The walk ANDs bitmasks and stops at the
-first key nobody holds; once the slots left are one endpoint's, each walks its own entries.
+first key nobody holds; once FEW_TO_WALK (8) or fewer slots are left, each walks its own entries.
 
 Memory: each confirmed slot holds at most its capacity (`set_capacity`, from the engine's
 `num_gpu_blocks` when scraped, else `default_capacity`: `--kv-events-index-capacity`, 32768 by
@@ -37,11 +37,10 @@ from collections.abc import Iterable, Sequence
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Event, Removed, Stored
-from extproc.prefix.index import leading_in
+from extproc.prefix.index import FEW_TO_WALK, leading_in
 
 Source = tuple[str, int]  # (endpoint key, data-parallel rank)
 BYTES_PER_ENTRY = 230  # measured with tracemalloc, CPython 3.11 (tests/kvevents/test_index.py)
-MAX_SLOTS_ONE_WALK = 8  # match walks one endpoint's slots' own entries when that many or fewer are left
 
 
 class _Slot:
@@ -301,9 +300,8 @@ class PreciseIndex:
         result: dict[str, int] = {}
         if not active or not keys:
             return result
-        n = len(keys)
         i = 0
-        if not self._one_endpoint(active, by_bit):  # several endpoints: AND their masks key by key
+        if active.bit_count() > FEW_TO_WALK:  # many slots: AND their masks key by key
             holders = self._holders
             for i, key in enumerate(keys):
                 nxt = holders.get(key, 0) & active
@@ -311,42 +309,23 @@ class PreciseIndex:
                     if i:
                         self._assign(active & ~nxt, i, result)
                     active = nxt
-                    if not active or self._one_endpoint(active, by_bit):  # each left holds key i
+                    if nxt.bit_count() <= FEW_TO_WALK:  # few left, each holding key i
                         break
             else:
-                self._assign(active, n, result)
-                return result
-            if not active:
+                self._assign(active, len(keys), result)
                 return result
             i += 1
-        # The slots left are one endpoint's (its ranks, its speculative slot): each slot's own
-        # entries (which hold a key exactly when its bit is set in holders[key]) answer the rest,
-        # small dicts instead of the pool-wide one and no mask; the endpoint has the longest run.
-        best, mask = i, active
-        while mask:
-            low = mask & -mask
-            entries = by_bit[low.bit_length() - 1].entries
-            best = max(best, i + leading_in(entries, keys[i:] if i else keys))
-            mask ^= low
-        if best:
-            self._assign(active, best, result)
-        return result
-
-    @staticmethod
-    def _one_endpoint(active: int, by_bit: dict[int, _Confirmed | _Speculative]) -> bool:
-        """True when every slot in `active` is one endpoint's (asked only when the mask changes;
-        a mask of more than MAX_SLOTS_ONE_WALK bits is taken as several, which is only slower)."""
-        if active.bit_count() > MAX_SLOTS_ONE_WALK:
-            return False
-        owner = ""
+        # Few slots left: each one's own entries (which hold a key exactly when its bit is set in
+        # holders[key]) answer the rest, a small dict instead of the pool-wide one and no mask;
+        # an endpoint has its longest run over its slots.
         while active:
             low = active & -active
-            endpoint = by_bit[low.bit_length() - 1].endpoint
-            if owner and endpoint != owner:
-                return False
-            owner = endpoint
+            slot = by_bit[low.bit_length() - 1]
+            matched = i + leading_in(slot.entries, keys, i)
+            if matched > result.get(slot.endpoint, 0):
+                result[slot.endpoint] = matched
             active ^= low
-        return True
+        return result
 
     def _candidate_slots(self, candidates: Iterable[str]) -> tuple[int, dict[int, _Confirmed | _Speculative]]:
         """(mask of the candidates' slots, bit -> slot), reused while the list is the same."""

@@ -9,8 +9,10 @@ Structure:
 Operations:
 - `match(hashes, candidates)`: the longest run of leading blocks that each candidate holds
   (consecutive from block 0, as on a paged KV cache). The walk ANDs bitmasks and stops as soon as
-  no candidate holds the next block, so a miss costs one dict lookup. The candidates' mask is
-  kept while the same list is asked again (the pool, request after request) and no slot changed.
+  no candidate holds the next block, so a miss costs one dict lookup; once FEW_TO_WALK (8) or fewer
+  candidates are left, each one's own LRU answers the rest (a small dict, walked in C). The
+  candidates' mask is kept while the same list is asked again (the pool, request after request)
+  and no slot changed.
 - `record(endpoint, hashes)`: called at decision time for the chosen endpoint; the prompt's first
   block becomes the most recently used entry.
 - `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
@@ -32,17 +34,22 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from itertools import islice
 
 # Measured with tracemalloc (tests/prefix/test_index.py::test_memory_per_entry_is_bounded).
 BYTES_PER_ENTRY = 100
 
 
-def leading_in(held: Container[int], keys: Sequence[int]) -> int:
-    """How many of `keys`, from the first, are in `held` (the walk in C: it stops at the first miss)."""
+FEW_TO_WALK = 8  # match walks each candidate's own LRU once this many or fewer are left
+
+
+def leading_in(held: Container[int], keys: Sequence[int], start: int = 0) -> int:
+    """How many of `keys`, from `keys[start]` on, are in `held` before the first that is not
+    (the walk in C: it stops at that miss)."""
     try:
-        return operator.indexOf(map(held.__contains__, keys), False)
+        return operator.indexOf(map(held.__contains__, islice(keys, start, None)), False)
     except ValueError:
-        return len(keys)
+        return max(len(keys) - start, 0)
 
 
 class PrefixIndex:
@@ -139,27 +146,30 @@ class PrefixIndex:
         result: dict[str, int] = {}
         if not active or not hashes:
             return result
-        n = len(hashes)
         i = 0
-        if active & (active - 1):  # several candidates: AND their masks block by block
+        if active.bit_count() > FEW_TO_WALK:  # many candidates: AND their masks block by block
             holders = self._holders
             for i, h in enumerate(hashes):
                 nxt = holders.get(h, 0) & active
                 if nxt != active:
                     self._assign(active & ~nxt, i, by_slot, result)
                     active = nxt
-                    if not active & (active - 1):  # none or one left, holding block i
+                    if nxt.bit_count() <= FEW_TO_WALK:  # few left, each holding block i
                         break
             else:
-                self._assign(active, n, by_slot, result)
-                return result
-            if not active:
+                self._assign(active, len(hashes), by_slot, result)
                 return result
             i += 1
-        # One candidate left: its own LRU (which holds h exactly when its bit is set in
+        # Few candidates left: each one's own LRU (which holds h exactly when its bit is set in
         # holders[h]) answers the rest, a small dict instead of the pool-wide one and no mask.
-        lru = self._lru[by_slot[active.bit_length() - 1]]
-        self._assign(active, i + leading_in(lru, hashes[i:] if i else hashes), by_slot, result)
+        lru = self._lru
+        while active:
+            low = active & -active
+            endpoint = by_slot[low.bit_length() - 1]
+            matched = i + leading_in(lru[endpoint], hashes, i)
+            if matched:
+                result[endpoint] = matched
+            active ^= low
         return result
 
     @staticmethod

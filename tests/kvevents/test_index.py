@@ -140,7 +140,7 @@ def test_match_agrees_with_each_slots_own_entries_under_random_events() -> None:
     tokens = list(range(5000, 5000 + 24 * BS))
     keys = chain_keys(tokens, BS, key_seed(None))
     idx = PreciseIndex(12, speculative_ttl_s=1.0)
-    names = [f"10.0.0.{k}:8000" for k in range(1, 5)]
+    names = [f"10.0.0.{k}:8000" for k in range(1, 7)]  # up to 18 slots, more than FEW_TO_WALK
     now = 0.0
     for step in range(500):
         now += rng.choice((0.0, 0.1, 0.6))
@@ -159,7 +159,7 @@ def test_match_agrees_with_each_slots_own_entries_under_random_events() -> None:
             idx.apply(source, Cleared())
         elif op < 0.93:
             idx.remove_endpoint(ep)
-        candidates = rng.sample(names, rng.randrange(1, 5))
+        candidates = rng.sample(names, rng.randrange(1, 7))
         asked = keys[rng.randrange(2):rng.randrange(2, 24)]
         result = idx.match(asked, candidates, now)  # expires first: the definition below sees the same slots
         expected = {}

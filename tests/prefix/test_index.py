@@ -142,8 +142,8 @@ def test_match_agrees_with_a_walk_over_each_endpoints_own_blocks() -> None:
     once a single candidate is left) against the definition: the leading blocks each one holds."""
     rng = random.Random(7)
     idx = PrefixIndex(40)
-    names = [f"e{k}" for k in range(6)]
-    for step in range(400):
+    names = [f"e{k}" for k in range(14)]  # more than FEW_TO_WALK: both walks run
+    for step in range(1500):
         ep = rng.choice(names)
         op = rng.random()
         if op < 0.7:
@@ -156,7 +156,7 @@ def test_match_agrees_with_a_walk_over_each_endpoints_own_blocks() -> None:
         else:
             idx.remove_endpoint(ep)
         held = {e: set(blocks) for e, blocks in idx.dump()}
-        candidates = rng.sample(names, rng.randrange(1, 7))
+        candidates = rng.sample(names, rng.randrange(1, 15))
         hashes = list(range(rng.randrange(3), rng.randrange(3, 50)))
         expected = {}
         for e in candidates:
