@@ -19,7 +19,7 @@ full-attention groups' stores are indexable; a source indexes the first such gro
 
 Matching (`match`): for each candidate endpoint, the longest run of leading keys held by any one
 of its slots (max over ranks and the speculative slot). The walk ANDs bitmasks and stops at the
-first key nobody holds; once FEW_TO_WALK (8) or fewer slots are left, each walks its own entries.
+first key nobody holds; once FEW_TO_WALK (2) or fewer slots are left, each walks its own entries.
 
 Memory: each confirmed slot holds at most its capacity (`set_capacity`, from the engine's
 `num_gpu_blocks` when scraped, else `default_capacity`: `--kv-events-index-capacity`, 32768 by
@@ -37,10 +37,13 @@ from collections.abc import Iterable, Sequence
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Event, Removed, Stored
-from extproc.prefix.index import FEW_TO_WALK, leading_in
+from extproc.prefix.index import leading_in
 
 Source = tuple[str, int]  # (endpoint key, data-parallel rank)
 BYTES_PER_ENTRY = 230  # measured with tracemalloc, CPython 3.11 (tests/kvevents/test_index.py)
+# match walks each slot's own entries once this many or fewer are left: a routed prompt is held
+# by its endpoint's confirmed and speculative slots (extproc/prefix/index.py: FEW_TO_WALK).
+FEW_TO_WALK = 2
 
 
 class _Slot:

@@ -9,8 +9,8 @@ Structure:
 Operations:
 - `match(hashes, candidates)`: the longest run of leading blocks that each candidate holds
   (consecutive from block 0, as on a paged KV cache). The walk ANDs bitmasks and stops as soon as
-  no candidate holds the next block, so a miss costs one dict lookup; once FEW_TO_WALK (8) or fewer
-  candidates are left, each one's own LRU answers the rest (a small dict, walked in C). The
+  no candidate holds the next block, so a miss costs one dict lookup; once FEW_TO_WALK (1)
+  candidate is left, its own LRU answers the rest (a small dict, walked in C). The
   candidates' mask is kept while the same list is asked again (the pool, request after request)
   and no slot changed.
 - `record(endpoint, hashes)`: called at decision time for the chosen endpoint; the prompt's first
@@ -40,7 +40,10 @@ from itertools import islice
 BYTES_PER_ENTRY = 100
 
 
-FEW_TO_WALK = 8  # match walks each candidate's own LRU once this many or fewer are left
+# match walks each candidate's own LRU once this many or fewer are left. 1: in bench/scale_decide.py's
+# setup at 256 endpoints (8M entries), where each LRU walked is a cold dict of its own, 4 or 8
+# made the matches slower than the pool-wide masks with 2 or more candidates left.
+FEW_TO_WALK = 1
 
 
 def leading_in(held: Container[int], keys: Sequence[int], start: int = 0) -> int:

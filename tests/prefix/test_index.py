@@ -142,7 +142,7 @@ def test_match_agrees_with_a_walk_over_each_endpoints_own_blocks() -> None:
     once a single candidate is left) against the definition: the leading blocks each one holds."""
     rng = random.Random(7)
     idx = PrefixIndex(40)
-    names = [f"e{k}" for k in range(14)]  # more than FEW_TO_WALK: both walks run
+    names = [f"e{k}" for k in range(14)]  # both walks run
     for step in range(1500):
         ep = rng.choice(names)
         op = rng.random()
