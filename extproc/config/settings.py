@@ -58,7 +58,7 @@ class BalanceConfig:
     holds more than ceil(factor x (pool load + 1) / endpoints) requests; factor 0: no bound."""
 
     factor: float = 1.25
-    slack: float = 1.0
+    slack: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ follow-up's key is the last block of its own history, so a conversation is never
 a system prompt shared by concurrent requests with their own questions (every one's key is the
 system prompt's last block) is.
 
+`slack` (2 by default) is how many concurrent requests of one prefix on one replica are still
+ordinary: a few requests of one shared system prompt often overlap, and each one turned away is a
+cache miss; a prefix that carries a large share of the pool's traffic has many more.
+
 Only requests that reuse something are counted (the first request of a prefix has no key); their
 count is released when the response ends, and moved when a fallback served the request instead.
 With several active-active pickers each counts only the requests it routed itself, while the

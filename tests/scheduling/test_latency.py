@@ -6,8 +6,9 @@ import pytest
 
 from extproc.config.settings import LatencyConfig
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.scheduling.endpoint_work import CHURN_HALF_LIFE_S
 from extproc.scheduling.interfaces import Routing
-from extproc.scheduling.latency import CHURN_HALF_LIFE_S, LatencyModel
+from extproc.scheduling.latency import LatencyModel
 
 # Round numbers: 0.1 ms per token (10 tokens per ms), overhead 10 ms, 0.5 ms per running sequence
 # per step, 1,000 tokens per step.

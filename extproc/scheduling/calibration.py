@@ -1,0 +1,141 @@
+"""Calibration: what the latency model's priors get wrong, learned from what the engines report.
+
+slowdown: observed over predicted TTFT, learned per endpoint (LatencyConfig.calibrate). Once a
+  scrape shows at least MIN_FIRST_TOKENS new first tokens in vllm:time_to_first_token_seconds since
+  the last update, and at least MIN_ROUTED requests were routed there meanwhile:
+      ratio = (delta sum / delta count) / (mean base prediction of those routed requests)
+      slowdown <- clamp(slowdown + step x (ratio - slowdown), min_slowdown, max_slowdown)
+  with step = max(ALPHA, 1/n) for the n-th window: the first window replaces the prior (or the
+  pool's calibration), later ones form a running mean until 1/n falls to ALPHA.
+  where a base prediction is the prediction without slowdown. One scalar absorbs what the priors
+  get wrong: a slower GPU, a bigger model.
+- bytes per token (pool-wide, for prompts the picker did not tokenize): once a scrape shows at
+  least MIN_FIRST_TOKENS new requests in the TTFT histogram and MIN_ROUTED were routed there,
+      ratio = (prompt bytes routed / requests routed) / (delta vllm:prompt_tokens_total / delta count)
+  clamped to [1, 16]; PrefixConfig.bytes_per_token (4) until then. The first window replaces the
+  prior, the n-th weighs 1/n (a running mean) until 1/n falls to ALPHA, then ALPHA smooths as for
+  the slowdown: a prior off by 60% (text that tokenizes unlike English) would otherwise take ten
+  windows to fade, mis-sizing every prompt and the index's capacity meanwhile. Means of both
+  sides, so peer pickers routing to the same engines do not skew it. (vLLM V1 counts a prompt's
+  tokens with its first token, so both counters cover the same requests.)
+
+
+Calibration without the TTFT histogram (an engine that exports none, as many non-vLLM engines):
+each response end the picker sees is a sample, for a request whose output length it knows
+(max_tokens):
+    observed  = (end - routed) - the slot wait charged
+    predicted = base(B + uncached) at routing + max_tokens x (decode_step_ms + decode_ms_per_seq x running)
+and once MIN_ENDS (8) samples are in, ratio = sum observed / sum predicted and slowdown moves
+towards it as bytes per token does (the first window replaces the prior, the n-th weighs 1/n
+until that falls to ALPHA). A request that stops before max_tokens reads as a faster engine; the TTFT histogram,
+where exported, is used instead. slowdown is clamped to [min_slowdown, max_slowdown] (0.1-50 by
+default: a CPU build or an old GPU against an H100 prior). Where neither source is available
+the prior stands (`calibration_source` says which one the slowdown comes from). An endpoint
+not yet calibrated itself takes the pool's calibration (the geometric mean of the calibrated
+endpoints' slowdowns, source "pool") rather than the prior: replicas of one pool mostly run on
+like hardware, and a calibrated endpoint weighed against one still at a prior 10x off would win
+every decision by the prior's error alone, cache or no cache.
+
+Before a window closes, first tokens the engine has not produced bound the slowdown from below
+(extproc/scheduling/first_token.py): an engine far slower than predicted is seen at its first
+overdue request, not after its first MIN_FIRST_TOKENS answers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from extproc.config.settings import LatencyConfig
+from extproc.scheduling.endpoint_work import (
+    ALPHA,
+    CALIBRATED,
+    MAX_BYTES_PER_TOKEN,
+    MIN_BYTES_PER_TOKEN,
+    MIN_ENDS,
+    MIN_FIRST_TOKENS,
+    MIN_ROUTED,
+    EndpointWork,
+)
+from extproc.scheduling.interfaces import Routing
+
+
+class Calibration:
+    """The calibration half of LatencyModel (extproc/scheduling/latency.py), which holds the state."""
+
+    config: LatencyConfig
+    bytes_per_token: float
+    pool_limit: float
+    _bpt_windows: int
+    _pool_slowdown: float
+    _work: dict[str, EndpointWork]
+
+    def _learn_bytes_per_token(self, w: EndpointWork, prompt_tokens: float, requests: float) -> None:
+        if w.requests < 0 or requests < w.requests or prompt_tokens < w.prompt_tokens:
+            w.prompt_tokens, w.requests, w.bytes_routed, w.bytes_requests = prompt_tokens, requests, 0.0, 0
+            return
+        seen = requests - w.requests
+        if seen < MIN_FIRST_TOKENS or w.bytes_requests < MIN_ROUTED:
+            return
+        tokens = prompt_tokens - w.prompt_tokens
+        if tokens > 0 and w.bytes_routed > 0:
+            ratio = (w.bytes_routed / w.bytes_requests) / (tokens / seen)
+            # A running mean until its weight falls to ALPHA's: the prior is only a stand-in.
+            self._bpt_windows += 1
+            step = max(ALPHA, 1.0 / self._bpt_windows)
+            bpt = self.bytes_per_token + step * (ratio - self.bytes_per_token)
+            self.bytes_per_token = min(max(bpt, MIN_BYTES_PER_TOKEN), MAX_BYTES_PER_TOKEN)
+        w.prompt_tokens, w.requests, w.bytes_routed, w.bytes_requests = prompt_tokens, requests, 0.0, 0
+
+    def _calibrate(self, w: EndpointWork, ttft_sum_s: float, ttft_count: float) -> None:
+        if w.ttft_count < 0 or ttft_count < w.ttft_count:  # first sight, or the engine restarted
+            w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
+            return
+        first_tokens = ttft_count - w.ttft_count
+        if first_tokens < MIN_FIRST_TOKENS or w.routed < MIN_ROUTED:
+            return
+        observed_ms = (ttft_sum_s - w.ttft_sum_s) / first_tokens * 1000.0
+        predicted_ms = w.base_sum_ms / w.routed
+        if predicted_ms > 0:
+            w.ttft_windows += 1
+            self._move_slowdown(w, observed_ms / predicted_ms, w.ttft_windows, "ttft-histogram")
+        w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
+
+    def _move_slowdown(self, w: EndpointWork, ratio: float, windows: int, source: str) -> None:
+        """The n-th window of `source` moves the slowdown towards `ratio` by max(ALPHA, 1/n): a
+        running mean until its weight falls to ALPHA's, as for bytes per token. The first window
+        replaces the prior: stepping by ALPHA from it, an engine 4x off needs ~10 windows (80 first
+        tokens) to be measured, which a slow replica that the picker rightly spares may never see."""
+        c = self.config
+        step = max(ALPHA, 1.0 / windows)
+        w.slowdown = min(max(w.slowdown + step * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
+        w.calibration_source = source
+        self._share_calibration()
+
+    def _share_limits(self) -> None:
+        """The pool's admission limit: the median of those shown (slots.py); run when one changes,
+        so its O(endpoints) is paid at a saturated scrape, not per request."""
+        known = sorted(w.slots.limit for w in self._work.values() if w.slots.limit > 0)
+        self.pool_limit = known[len(known) // 2] if known else -1.0
+
+    def _share_calibration(self) -> None:
+        """Endpoints not calibrated themselves take the pool's slowdown (module docstring); run once
+        per calibration window, so its O(endpoints) is off the per-request path."""
+        known = [w.slowdown for w in self._work.values() if w.calibration_source in CALIBRATED]
+        if not known:
+            return
+        self._pool_slowdown = math.exp(sum(math.log(x) for x in known) / len(known))
+        for w in self._work.values():
+            if w.calibration_source not in CALIBRATED:
+                w.slowdown, w.calibration_source = self._pool_slowdown, "pool"
+
+    def _calibrate_from_end(self, w: EndpointWork, elapsed_ms: float, routing: Routing) -> None:
+        """One response end as a calibration sample where the engine exports no TTFT histogram."""
+        w.ends_observed_ms += max(0.0, elapsed_ms - routing.wait_ms)
+        w.ends_predicted_ms += routing.base_ms + routing.decode_ms
+        w.ends += 1
+        if w.ends < MIN_ENDS:
+            return
+        if w.ends_predicted_ms > 0:
+            w.ends_windows += 1
+            self._move_slowdown(w, w.ends_observed_ms / w.ends_predicted_ms, w.ends_windows, "response-ends")
+        w.ends_observed_ms, w.ends_predicted_ms, w.ends = 0.0, 0.0, 0

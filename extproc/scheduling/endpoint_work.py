@@ -1,0 +1,53 @@
+"""`EndpointWork`: what the latency model (extproc/scheduling/latency.py) keeps per endpoint, and
+the constants of its calibration (extproc/scheduling/calibration.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from extproc.scheduling.first_token import FirstTokenWait
+from extproc.scheduling.slots import SlotState
+
+ALPHA = 0.2
+MIN_FIRST_TOKENS = 8
+MIN_ROUTED = 4
+MIN_BYTES_PER_TOKEN = 1.0
+MAX_BYTES_PER_TOKEN = 16.0
+CHURN_HALF_LIFE_S = 120.0
+MIN_ENDS = 8
+# Calibration sources measured on the endpoint itself.
+CALIBRATED = ("ttft-histogram", "response-ends", "first-token-wait")
+
+
+
+@dataclass(slots=True)
+class EndpointWork:
+    backlog: float = 0.0  # tokens not yet prefilled
+    routed_backlog: float = 0.0  # the same from this picker's routing alone, without scrape corrections
+    routed_total: float = 0.0  # tokens ever routed here (a request's mark counts in it)
+    updated_at: float = 0.0  # when backlog was last drained
+    churn: float = 0.0  # tokens recently inserted into its cache (see the module docstring)
+    slowdown: float = 1.0
+    mean_uncached: float = 0.0
+    routed_tokens_since_scrape: float = 0.0
+    routed_tokens_before: float = 0.0  # in the interval before the last scrape
+    seen_scrape_at: float = -1.0  # updated_at of the last scrape applied
+    # Calibration window: engine counters at its start, our routed requests since.
+    ttft_sum_s: float = 0.0
+    ttft_count: float = -1.0
+    base_sum_ms: float = 0.0
+    routed: int = 0
+    ttft_windows: int = 0  # TTFT-histogram windows measured so far
+    # Bytes-per-token window: engine counters at its start, our routed prompts since.
+    prompt_tokens: float = -1.0
+    requests: float = -1.0
+    bytes_routed: float = 0.0
+    bytes_requests: int = 0
+    # Response-end calibration window (no TTFT histogram): observed and predicted sums, samples.
+    ends_observed_ms: float = 0.0
+    ends_predicted_ms: float = 0.0
+    ends: int = 0
+    ends_windows: int = 0  # response-end windows measured so far
+    calibration_source: str = "prior"  # "prior", "pool", "ttft-histogram", "response-ends", "first-token-wait"
+    slots: SlotState = field(default_factory=SlotState)
+    first: FirstTokenWait = field(default_factory=FirstTokenWait)  # requests without a first token yet
