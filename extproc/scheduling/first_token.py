@@ -26,7 +26,10 @@ backlog is at least the prompt tokens of the |W| - P - 1 smallest of them (one m
 which the drain at a slowdown learned too late would have counted as done. First tokens of other
 pickers' requests count in F, so P only grows and the bound only falls: it stays a lower bound.
 With more than CHECKED (64) in flight no bound is drawn that scrape (bounded work per scrape).
-A raise is a measurement of the endpoint itself (calibration source "first-token-wait"); the
+The bound is drawn only from a scrape without a waiting queue (latency.py): every request there
+is then admitted, so a late first token is slow prefill, not a wait for a sequence slot that a
+slot limit not learned yet left uncharged (which would read a decode-bound engine's queue as a
+12x slower engine). A raise is a measurement of the endpoint itself (calibration source "first-token-wait"); the
 next histogram window averages it with what arrived.
 """
 

@@ -132,7 +132,9 @@ class LatencyModel(Calibration):
         if self.config.calibrate and m.ttft_count >= 0:
             self._calibrate(w, m.ttft_sum_s, m.ttft_count)
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown)
-            if late is not None:  # first tokens overdue (first_token.py): at least this slow
+            # First tokens overdue (first_token.py): at least this slow, unless requests queue
+            # there, where a late first token may be a wait for a slot rather than slowness.
+            if late is not None and m.waiting <= 0:
                 w.slowdown, w.calibration_source = min(late, self.config.max_slowdown), "first-token-wait"
                 self._share_calibration()
             w.backlog = max(w.backlog, unfinished)

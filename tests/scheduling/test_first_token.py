@@ -73,8 +73,8 @@ def test_the_model_raises_a_slow_endpoints_slowdown_before_its_first_window() ->
     model = LatencyModel(LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0),
                          bytes_per_token=4, clock=lambda: 0.0)
 
-    def scrape(at: float, count: float) -> None:
-        ds.set_metrics(ep.key, ModelServerMetrics(waiting=1, running=0, ttft_sum_s=0.0, ttft_count=count,
+    def scrape(at: float, count: float, waiting: float = 0) -> None:
+        ds.set_metrics(ep.key, ModelServerMetrics(waiting=waiting, running=1, ttft_sum_s=0.0, ttft_count=count,
                                                   updated_at=at, ok=True))
         model.work(ep, at)
 
@@ -84,6 +84,8 @@ def test_the_model_raises_a_slow_endpoints_slowdown_before_its_first_window() ->
     model.admit(ep, 0.0, base, 0.0)
     scrape(0.3, 0)
     assert model.work(ep, 0.3).calibration_source == "prior"
+    scrape(1.0, 0, waiting=2)  # a queue there: the wait may be for a slot, not slowness
+    assert model.work(ep, 1.0).calibration_source == "prior"
     scrape(2.0, 0)  # 2 s and no first token: at least 2000 / 410 = 4.9x
     w = model.work(ep, 2.0)
     assert w.calibration_source == "first-token-wait"
