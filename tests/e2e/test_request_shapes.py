@@ -121,7 +121,9 @@ async def test_messages_and_the_same_chat_conversation_share_their_endpoint(defa
 
 
 async def test_previous_response_id_follows_the_chain_to_its_endpoint(default_stack: Stack) -> None:
-    """Turns that share no text at all: only the response ids tie them to the first turn's endpoint."""
+    """Turns that share no text at all: only the response ids tie them to the first turn's endpoint.
+    Each chain's first turn is placed on a chosen backend (the conformance header), in turn, so the
+    chains start apart by construction and every later turn, sent without it, must follow its id."""
     rng = random.Random(11)
     homes = Counter[str]()
     url = f"{default_stack.url}/v1/responses"
@@ -134,7 +136,8 @@ async def test_previous_response_id_follows_the_chain_to_its_endpoint(default_st
                 body: dict[str, Any] = {"model": "m", "input": text, "stream": turn % 2 == 1}
                 if previous:
                     body["previous_response_id"] = previous
-                r = await post(s, url, body)
+                first = {"test-epp-endpoint-selection": default_stack.backends[chain % len(default_stack.backends)]}
+                r = await post(s, url, body, headers=None if previous else first)
                 assert r.status == 200
                 served.append(r.served_by)
                 previous = (r.json()["id"] if not body["stream"] else
@@ -142,7 +145,7 @@ async def test_previous_response_id_follows_the_chain_to_its_endpoint(default_st
                 assert previous.startswith("resp_")
             assert len(set(served)) == 1, (chain, served)
             homes[served[0]] += 1
-    assert len(homes) >= 2, homes
+    assert set(homes) == set(default_stack.backends), homes
     samples = scrape(default_stack.picker)
     hits = value(samples, "prefix_epp_affinity_requests_total", source="previous_response_id", hit="true")
     assert hits >= 8 * (TURNS - 1)
