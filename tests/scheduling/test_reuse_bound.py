@@ -179,3 +179,18 @@ def test_a_fallback_releases_the_count_on_the_primary() -> None:
     s.reassign(d, other)
     assert d.request is not None and d.request.reuse is None
     assert len(scorer.reuse) == 0
+
+
+def test_new_prompts_spread_within_the_load_bound_even_to_slower_endpoints() -> None:
+    """A prompt nobody holds has no cache to keep: an endpoint measured a little faster still
+    takes no more than the load bound allows (ceil(1.25 x (L + 1) / 3)); without the bound it
+    takes every one."""
+    for factor, spread in ((1.25, True), (0.0, False)):
+        ds, eps, s = setup(factor=factor, n=3)
+        scorer = ttft_scorer(s)
+        clock = scorer._clock
+        assert isinstance(clock, Clock)
+        scorer.model.work(eps[0], clock.now).slowdown = 0.8
+        placed = [place(ds, s, eps, bytes([65 + i]) * 400, f"n{i}") for i in range(6)]
+        owners = {d.primary.key for d in placed}
+        assert (len(owners) >= 2) is spread, owners

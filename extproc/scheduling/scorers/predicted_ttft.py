@@ -217,8 +217,24 @@ class PredictedTtftScorer:
             # fixed cost, in its calibrated scale (an engine measured 10x faster than the prior
             # predicts below the prior's overhead, and one floor for all would tie them).
             costs.append(max(cost, c.overhead_ms * w.slowdown, 1e-3))
+        if most <= 0 and self.balance.factor and len(endpoints) > 1:
+            self._bound_new_prompt(endpoints, costs)
         best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
+
+    def _bound_new_prompt(self, endpoints: Sequence[Endpoint], costs: list[float]) -> None:
+        """A prompt no candidate holds has no cache to keep: it goes to an endpoint within the load
+        bound (reuse.py's ceil(factor x (L + 1) / n)) whenever one is, whatever the others' costs.
+        Otherwise, on an idle pool, the endpoint whose calibrated slowdown is a little lower takes
+        every new prompt."""
+        loads = [endpoint_load(ep) for ep in endpoints]
+        bound = load_bound(sum(loads), len(endpoints), self.balance.factor)
+        within = [cost for cost, load in zip(costs, loads, strict=True) if load + 1.0 <= bound]
+        if within and len(within) < len(costs):
+            worst = max(within)
+            for i, load in enumerate(loads):
+                if load + 1.0 > bound:
+                    costs[i] += worst
 
     # -- PickObserver ----------------------------------------------------------------------------
     def picked(self, request: SchedulingRequest, chosen: Endpoint) -> None:
