@@ -51,9 +51,14 @@ def load_bound(total_load: float, n: int, factor: float) -> float:
     return float(math.ceil(factor * (total_load + 1.0) / n - 1e-9))
 
 
+def over_load(load: float, bound: float) -> bool:
+    """The endpoint would hold more than `bound` requests with the one being placed."""
+    return load + 1.0 > bound
+
+
 def over_bound(reusing: int, load: float, bound: float, slack: float) -> bool:
     """More than `slack` requests reuse the prefix there, and the endpoint is over its bound."""
-    return reusing > slack and load + 1.0 > bound
+    return reusing > slack and over_load(load, bound)
 
 
 class ReuseCounts:

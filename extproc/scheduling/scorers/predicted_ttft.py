@@ -65,7 +65,7 @@ from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.interfaces import Routing, SchedulingRequest
 from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
-from extproc.scheduling.reuse import ReuseCounts, load_bound, over_bound
+from extproc.scheduling.reuse import ReuseCounts, load_bound, over_bound, over_load
 
 MAX_HOMES = 65536  # prefix families remembered (~100 bytes each)
 
@@ -136,9 +136,9 @@ class PredictedTtftScorer:
 
     def _loads(self, endpoints: Sequence[Endpoint]) -> tuple[list[float], float] | None:
         """Each candidate's load and reuse.py's bound for this decision; None when the bound is
-        off, has one candidate, or no prefix is counted anywhere."""
+        off or there is one candidate."""
         f = self.balance.factor
-        if f == 0 or len(endpoints) < 2 or not len(self.reuse):
+        if f == 0 or len(endpoints) < 2:
             return None
         loads = [endpoint_load(ep) for ep in endpoints]
         return loads, load_bound(sum(loads), len(endpoints), f)
@@ -182,8 +182,10 @@ class PredictedTtftScorer:
         mean_homes = others / len(endpoints) if most <= 0 and endpoints else 0.0
         mean_churn = sum(w.churn for w in works) / len(works) if self._by_churn and mean_homes > 0 else 0.0
         hits = cached
-        bounded = self._loads(endpoints)
-        if bounded is not None:  # bounded reuse (5. above), asked only where something is cached
+        # Bounded reuse (5. above): asked only where something is cached and some prefix is counted;
+        # a prompt nobody holds is bounded by load alone, below.
+        bounded = self._loads(endpoints) if most > 0 and len(self.reuse) else None
+        if bounded is not None:
             loads, bound = bounded
             slack = self.balance.slack
             hits = list(cached)
@@ -217,7 +219,7 @@ class PredictedTtftScorer:
             # fixed cost, in its calibrated scale (an engine measured 10x faster than the prior
             # predicts below the prior's overhead, and one floor for all would tie them).
             costs.append(max(cost, c.overhead_ms * w.slowdown, 1e-3))
-        if most <= 0 and self.balance.factor and len(endpoints) > 1:
+        if most <= 0:
             self._bound_new_prompt(endpoints, costs)
         best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
@@ -227,13 +229,15 @@ class PredictedTtftScorer:
         bound (reuse.py's ceil(factor x (L + 1) / n)) whenever one is, whatever the others' costs.
         Otherwise, on an idle pool, the endpoint whose calibrated slowdown is a little lower takes
         every new prompt."""
-        loads = [endpoint_load(ep) for ep in endpoints]
-        bound = load_bound(sum(loads), len(endpoints), self.balance.factor)
-        within = [cost for cost, load in zip(costs, loads, strict=True) if load + 1.0 <= bound]
+        bounded = self._loads(endpoints)
+        if bounded is None:
+            return
+        loads, bound = bounded
+        within = [cost for cost, load in zip(costs, loads, strict=True) if not over_load(load, bound)]
         if within and len(within) < len(costs):
             worst = max(within)
             for i, load in enumerate(loads):
-                if load + 1.0 > bound:
+                if over_load(load, bound):
                     costs[i] += worst
 
     # -- PickObserver ----------------------------------------------------------------------------
