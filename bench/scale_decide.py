@@ -4,9 +4,10 @@
 scraped metrics on each), its prefix index filled to capacity first, then for each prompt length
 `requests(length)` requests through
 `Director.prepare` (precise: tokenization) and `Director.route` (parse, hash, index lookup, score
-every endpoint, pick, record), each completed at once. Prompts of `tokens` builtin tokens: one
-of 8 shared system prompts (half the prompt, tokenized and routed before the measured requests,
-so it is cached and indexed) plus a part of their own. Figures: wall time per decision p50/p99,
+every endpoint, pick, record), each completed at once and the scheduler told, as the transport
+tells it at a response end. Prompts of `tokens` builtin tokens: one of 8 shared system prompts
+(half the prompt, tokenized and routed before the measured requests, so it is cached and
+indexed) plus a part of their own. Figures: wall time per decision p50/p99,
 and CPU per request (process CPU over the measured loop / requests).
 - approximate: `PrefixIndex` at its default capacity per endpoint (31,250 blocks), every record evicts;
 - precise: the KV-events index at its default capacity per endpoint (32,768 blocks) filled by
@@ -124,7 +125,7 @@ def decision_cells(endpoints: int, mode: str, lengths: Sequence[int], requests: 
             await app.director.prepare(ctx, data)
         decision = app.director.route(ctx, data)
         elapsed = time.perf_counter() - start
-        app.director.complete(decision.primary)
+        app.director.complete(decision.primary, decision)  # the observers release what it held
         if app.kv_events is not None and ctx.tokens:  # the engine reports the blocks it stored
             n = len(ctx.tokens) // BLOCK * BLOCK
             app.kv_events.index.apply((decision.primary.key, 0), Stored(

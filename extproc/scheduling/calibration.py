@@ -34,7 +34,12 @@ the prior stands (`calibration_source` says which one the slowdown comes from). 
 not yet calibrated itself takes the pool's calibration (the geometric mean of the calibrated
 endpoints' slowdowns, source "pool") rather than the prior: replicas of one pool mostly run on
 like hardware, and a calibrated endpoint weighed against one still at a prior 10x off would win
-every decision by the prior's error alone, cache or no cache.
+every decision by the prior's error alone, cache or no cache. Except for an endpoint whose own
+window so far (fewer than MIN_FIRST_TOKENS first tokens) reads it faster than the pool's
+slowdown: it keeps its slowdown. A pool is not always of like hardware, and the first endpoint
+measured slow (by a first-token bound, at its first late request) is likelier the one slower
+than the rest: one replica of four at 4x would otherwise make the other three read 2x slow
+from its second request on, and the ranking the bound found would be lost.
 
 Before a window closes, first tokens the engine has not produced bound the slowdown from below
 (extproc/scheduling/first_token.py): an engine far slower than predicted is seen at its first
@@ -91,10 +96,14 @@ class Calibration:
             w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
             return
         first_tokens = ttft_count - w.ttft_count
-        if first_tokens < MIN_FIRST_TOKENS or w.routed < MIN_ROUTED:
+        if first_tokens < 1 or w.routed < 1 or w.base_sum_ms <= 0:
             return
         observed_ms = (ttft_sum_s - w.ttft_sum_s) / first_tokens * 1000.0
         predicted_ms = w.base_sum_ms / w.routed
+        if first_tokens < MIN_FIRST_TOKENS or w.routed < MIN_ROUTED:
+            w.partial_ratio = observed_ms / predicted_ms  # the window so far: too few to calibrate on
+            return
+        w.partial_ratio = -1.0
         if predicted_ms > 0:
             w.ttft_windows += 1
             self._move_slowdown(w, observed_ms / predicted_ms, w.ttft_windows, "ttft-histogram")
@@ -124,9 +133,10 @@ class Calibration:
         if not known:
             return
         self._pool_slowdown = math.exp(sum(math.log(x) for x in known) / len(known))
+        pool = self._pool_slowdown
         for w in self._work.values():
-            if w.calibration_source not in CALIBRATED:
-                w.slowdown, w.calibration_source = self._pool_slowdown, "pool"
+            if w.calibration_source not in CALIBRATED and not 0 <= w.partial_ratio < pool:
+                w.slowdown, w.calibration_source = pool, "pool"
 
     def _calibrate_from_end(self, w: EndpointWork, elapsed_ms: float, routing: Routing) -> None:
         """One response end as a calibration sample where the engine exports no TTFT histogram."""

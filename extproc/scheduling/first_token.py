@@ -26,11 +26,17 @@ backlog is at least the prompt tokens of the |W| - P - 1 smallest of them (one m
 which the drain at a slowdown learned too late would have counted as done. First tokens of other
 pickers' requests count in F, so P only grows and the bound only falls: it stays a lower bound.
 With more than CHECKED (64) in flight no bound is drawn that scrape (bounded work per scrape).
-The bound is drawn only from a scrape without a waiting queue (latency.py): every request there
-is then admitted, so a late first token is slow prefill, not a wait for a sequence slot that a
-slot limit not learned yet left uncharged (which would read a decode-bound engine's queue as a
-12x slower engine). A raise is a measurement of the endpoint itself (calibration source "first-token-wait"); the
-next histogram window averages it with what arrived.
+The bound must not read a wait for a sequence slot, which a slot limit not learned yet left
+uncharged, as slowness: that read a decode-bound engine's queue as a 12x slower engine. So it is
+drawn from a scrape without a waiting queue (every request there is admitted), or from a queued
+one where each of the P + 1 oldest was routed while the endpoint held fewer requests than the
+most running sequences any endpoint of the pool was seen to hold (`queued` False at `add`):
+replicas of one pool run one configuration, so each of them was admitted on arrival and its
+late first token is slow prefill, however long the queue behind it (a prompt queued behind
+another's prefill, which is what a slower engine shows first). A raise is a measurement of the
+endpoint itself (calibration source "first-token-wait"); the next histogram window averages it
+with what arrived, and it is shared with the endpoints not calibrated yet except those whose
+own first tokens so far read them faster (calibration.py).
 """
 
 from __future__ import annotations
@@ -46,29 +52,33 @@ class FirstTokenWait:
     __slots__ = ("_awaiting", "_base_count", "_ended")
 
     def __init__(self) -> None:
-        # token -> (routed at s, base ms, slot wait ms, uncached tokens), oldest first.
-        self._awaiting: dict[int, tuple[float, float, float, float]] = {}
+        # token -> (routed at s, base ms, slot wait ms, uncached tokens, maybe queued for a slot), oldest first.
+        self._awaiting: dict[int, tuple[float, float, float, float, bool]] = {}
         self._base_count = -1.0  # the engine's first-token count when counting began; -1: not yet
         self._ended = 0  # requests of `_awaiting` whose response ended since then
 
     def __len__(self) -> int:
         return len(self._awaiting)
 
-    def add(self, token: int, at: float, base_ms: float, wait_ms: float, uncached: float) -> None:
+    def add(self, token: int, at: float, base_ms: float, wait_ms: float, uncached: float,
+            queued: bool = True) -> None:
+        """A request routed at `at`; `queued` False: it was admitted on arrival (module docstring)."""
         awaiting = self._awaiting
         if len(awaiting) >= MAX_AWAITING:
             del awaiting[next(iter(awaiting))]
             self._ended += 1  # forgotten as if it had ended: P stays an upper bound
-        awaiting[token] = (at, base_ms, wait_ms, uncached)
+        awaiting[token] = (at, base_ms, wait_ms, uncached, queued)
 
     def remove(self, token: int) -> None:
         if self._awaiting.pop(token, None) is not None:
             self._ended += 1
 
-    def observe(self, first_tokens: float, at: float, slowdown: float) -> tuple[float | None, float]:
-        """A scrape at `at` shows `first_tokens` produced in all: (the slowdown the late requests
-        prove, or None when they prove no more than `slowdown`; the prompt tokens still to be
-        prefilled at least), module docstring."""
+    def observe(self, first_tokens: float, at: float, slowdown: float,
+                queue: bool = False) -> tuple[float | None, float]:
+        """A scrape at `at` shows `first_tokens` produced in all, and `queue`: whether requests wait
+        there: (the slowdown the late requests prove, or None when they prove no more than
+        `slowdown` or may have waited for a slot; the prompt tokens still to be prefilled at least),
+        module docstring."""
         if self._base_count < 0 or first_tokens < self._base_count:  # first sight, or a restart
             if self._base_count >= 0 or first_tokens > 0:
                 self._awaiting.clear()  # which of those routed before were served is unknown
@@ -80,7 +90,9 @@ class FirstTokenWait:
             return None, 0.0
         oldest = list(islice(awaiting.values(), served + 1))
         bound = min(((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0
-                    for routed_at, base_ms, wait_ms, _ in oldest)
+                    for routed_at, base_ms, wait_ms, _, _ in oldest)
+        if queue and any(e[4] for e in oldest):
+            bound = 0.0  # one of them may be waiting for a slot: no proof of slowness
         # Without a first token, a request's prefill is not done: the len - served - 1 smallest
         # prompts among them are still to prefill in full (one may be part-way).
         unfinished = len(awaiting) - served - 1

@@ -78,6 +78,7 @@ class LatencyModel(Calibration):
         self._pool_slowdown = 1.0  # the calibrated endpoints' geometric mean (_share_calibration)
         self._tokens = 0  # the last token handed out by `admit`
         self.pool_limit = -1.0  # the median admission limit the endpoints showed (slots.py); -1: none yet
+        self.pool_peak_running = 0.0  # the most running sequences any endpoint was seen to hold
 
     # -- per-endpoint state ------------------------------------------------------------------
     def work(self, ep: Endpoint, now: float) -> EndpointWork:
@@ -123,6 +124,8 @@ class LatencyModel(Calibration):
         w.slots.observe(m, w.routed_backlog / w.mean_uncached if w.mean_uncached > 0 else 0.0)
         if w.slots.limit != limit:
             self._share_limits()
+        if w.slots.peak_running > self.pool_peak_running:
+            self.pool_peak_running = w.slots.peak_running
         if m.waiting <= 0 and m.running <= 0:
             w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
             w.routed_backlog = min(w.routed_backlog, w.backlog)
@@ -131,10 +134,10 @@ class LatencyModel(Calibration):
         w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
         if self.config.calibrate and m.ttft_count >= 0:
             self._calibrate(w, m.ttft_sum_s, m.ttft_count)
-            late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown)
-            # First tokens overdue (first_token.py): at least this slow, unless requests queue
-            # there, where a late first token may be a wait for a slot rather than slowness.
-            if late is not None and m.waiting <= 0:
+            # First tokens overdue (first_token.py): at least this slow, unless a late one may
+            # have waited for a slot rather than for prefill.
+            late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0)
+            if late is not None:
                 w.slowdown, w.calibration_source = min(late, self.config.max_slowdown), "first-token-wait"
                 self._share_calibration()
             w.backlog = max(w.backlog, unfinished)
@@ -263,7 +266,10 @@ class LatencyModel(Calibration):
         self._tokens += 1
         w = self.work(ep, now)
         w.slots.admit(self._tokens, now)
-        w.first.add(self._tokens, now, base_ms, wait_ms, uncached)
+        # Admitted on arrival where it finds fewer requests there than the pool was seen to run
+        # at once (first_token.py; the first request to an idle endpoint always is).
+        queued = endpoint_load(ep) >= max(1.0, self.pool_peak_running)
+        w.first.add(self._tokens, now, base_ms, wait_ms, uncached, queued)
         return self._tokens
 
     def leave(self, ep: Endpoint, token: int) -> None:

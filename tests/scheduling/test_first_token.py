@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from extproc.config.settings import LatencyConfig
-from extproc.core.datastore import Datastore, EndpointSpec, ModelServerMetrics
+from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
 from extproc.scheduling.first_token import MARGIN, FirstTokenWait
 from extproc.scheduling.latency import LatencyModel
 
@@ -90,3 +90,60 @@ def test_the_model_raises_a_slow_endpoints_slowdown_before_its_first_window() ->
     w = model.work(ep, 2.0)
     assert w.calibration_source == "first-token-wait"
     assert w.slowdown == pytest.approx(2000 / MARGIN / base)
+
+
+def test_a_queued_scrape_bounds_only_requests_admitted_on_arrival() -> None:
+    """Behind a queue, a late first token is slowness only for a request admitted on arrival; one
+    that may have queued for a slot proves nothing."""
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0, 1000.0, queued=False)
+    assert f.observe(0, 0.5, 1.0, queue=True)[0] == pytest.approx(500 / MARGIN / 100)
+    g = FirstTokenWait()
+    g.observe(0, 0.0, 1.0)
+    g.add(1, 0.0, 100.0, 0.0, 1000.0, queued=True)
+    assert g.observe(0, 0.5, 1.0, queue=True)[0] is None
+    assert g.observe(0, 0.5, 1.0, queue=False)[0] == pytest.approx(500 / MARGIN / 100)  # no queue: admitted
+    # One of the two oldest may have queued: which of them lacks its first token is unknown.
+    h = FirstTokenWait()
+    h.observe(0, 0.0, 1.0)
+    h.add(1, 0.0, 100.0, 0.0, 1000.0, queued=False)
+    h.add(2, 0.0, 100.0, 0.0, 1000.0, queued=True)
+    assert h.observe(1, 0.5, 1.0, queue=True)[0] is None
+
+
+def test_a_slow_replica_is_raised_behind_its_prefill_queue_and_a_faster_one_keeps_its_prior() -> None:
+    """One replica of three is 4x slow. Another ran 4 requests at once; the slow one got a request
+    while idle and a second behind it, so it shows a queue. 2 s without a first token raises the
+    slow one (its first request was admitted on arrival: fewer than 4 there). The replica whose
+    first tokens so far came at its predictions keeps the prior; the one with none of its own
+    takes the pool's calibration (the slow one's bound) as before."""
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in (1, 2, 3)])
+    slow, fast, unseen = ds.snapshot()
+    model = LatencyModel(LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0),
+                         bytes_per_token=4, clock=lambda: 0.0)
+
+    def scrape(ep: Endpoint, at: float, running: float, waiting: float = 0, count: float = 0,
+               ttft_s: float = 0.0) -> None:
+        ds.set_metrics(ep.key, ModelServerMetrics(waiting=waiting, running=running, ttft_sum_s=ttft_s,
+                                                  ttft_count=count, updated_at=at, ok=True))
+        model.work(ep, at)
+
+    for ep in (slow, fast, unseen):
+        scrape(ep, 0.0, running=0)
+    base = model.base_ttft_ms(fast, model.work(fast, 0.0), 1000)  # 110 ms
+    for _ in range(4):
+        model.routed(fast, 1000, base, 0.0)
+    scrape(fast, 0.2, running=4, count=2, ttft_s=2 * 0.11)  # two first tokens, at the prediction
+    assert model.pool_peak_running == 4
+    base = model.base_ttft_ms(slow, model.work(slow, 0.0), 4000)  # 410 ms
+    model.routed(slow, 4000, base, 0.0)
+    model.admit(slow, 0.0, base, 0.0)  # idle: admitted on arrival
+    scrape(slow, 2.0, running=1, waiting=1)
+    w = model.work(slow, 2.0)
+    assert w.calibration_source == "first-token-wait"
+    assert w.slowdown == pytest.approx(2000 / MARGIN / base)
+    assert model.work(fast, 2.0).calibration_source == "prior" and model.work(fast, 2.0).slowdown == 1.0
+    assert model.work(unseen, 2.0).calibration_source == "pool"
+    assert model.work(unseen, 2.0).slowdown == pytest.approx(w.slowdown)
