@@ -14,7 +14,9 @@ profile's, its busiest/mean replica load, its hit rate against the oracle's, and
 targets on the means: hot-prefix and bursts p99 <= 0.8x sglang-router's, hot-prefix with
 busiest/mean <= 1.5 (bursts are judged on TTFT against the clairvoyant router too, whose ratio is
 given: warming as many replicas as a burst needs is right, so their load is not judged);
-shared-prefix and multi-turn p99 <= 1.0x sglang-router's; hit rate >= 95% of the oracle; p99 at
+shared-prefix and multi-turn p99 <= 1.0x sglang-router's; hit rate >= 95% of the oracle (on bursts, of
+the clairvoyant router's: a burst of one new prefix within 100 ms is spread over the replicas it
+needs, so it is computed more than once, which the infinite-cache oracle never does); p99 at
 most 5% above the weighted profile's.
 """
 
@@ -77,7 +79,13 @@ def rows(profile: str, data: dict[str, Any]) -> list[str]:
             checks.append(f"p99 x{mine[0] / clv[0]:.2f} of clairvoyant")
         if w == "hot-prefix":
             checks.append(f"busiest/mean <= 1.5: {'yes' if load <= 1.5 else 'no'}")
-        checks.append(f"hit >= 95% of oracle: {'yes' if epp['hit_rate'] >= 0.95 * oracle else 'no'}")
+        if w == "bursts":  # judged against the clairvoyant router, which warms what a burst needs
+            clv_hit = results.get("clairvoyant", {}).get("hit_rate")
+            if clv_hit:
+                checks.append(f"hit >= 95% of clairvoyant's: {'yes' if epp['hit_rate'] >= 0.95 * clv_hit else 'no'}"
+                              f" ({clv_hit:.1%})")
+        else:
+            checks.append(f"hit >= 95% of oracle: {'yes' if epp['hit_rate'] >= 0.95 * oracle else 'no'}")
         if wtd is not None and mine is not None:
             checks.append(f"<= 1.05x weighted: {'yes' if mine[0] <= 1.05 * wtd[0] else 'no'} "
                           f"(x{mine[0] / wtd[0]:.2f})")

@@ -51,6 +51,12 @@ def load_bound(total_load: float, n: int, factor: float) -> float:
     return float(math.ceil(factor * (total_load + 1.0) / n - 1e-9))
 
 
+def share_bound(total_load: float, share: float, factor: float) -> float:
+    """The most requests an endpoint with `share` of the pool's capacity may hold, the one being
+    placed included: ceil(factor x (L + 1) x share); load_bound's with share 1 / n."""
+    return float(math.ceil(factor * (total_load + 1.0) * share - 1e-9))
+
+
 def over_load(load: float, bound: float) -> bool:
     """The endpoint would hold more than `bound` requests with the one being placed."""
     return load + 1.0 > bound

@@ -194,3 +194,19 @@ def test_new_prompts_spread_within_the_load_bound_even_to_slower_endpoints() -> 
         placed = [place(ds, s, eps, bytes([65 + i]) * 400, f"n{i}") for i in range(6)]
         owners = {d.primary.key for d in placed}
         assert (len(owners) >= 2) is spread, owners
+
+
+def test_a_replica_measured_slower_holds_a_smaller_share_of_new_prompts() -> None:
+    """One endpoint of four measured 4x slower: the bound is weighted by speed, so the three fast
+    ones stay within theirs (ceil(1.25 x (L + 1) x 4/13)) and take every new prompt by cost. An
+    equal share (ceil(1.25 x (L + 1) / 4)) would hand the slow one the 16th, a full prefill at 4x,
+    once each fast one holds five."""
+    ds, eps, s = setup(factor=1.25, n=4)
+    scorer = ttft_scorer(s)
+    clock = scorer._clock
+    assert isinstance(clock, Clock)
+    scorer.model.work(eps[3], clock.now).slowdown = 4.0
+    placed = [place(ds, s, eps, bytes([65 + i // 26, 65 + i % 26]) * 200, f"n{i}") for i in range(20)]
+    counts = {ep.key: sum(1 for d in placed if d.primary is ep) for ep in eps}
+    assert counts[eps[3].key] == 0, counts
+    assert all(counts[ep.key] >= 6 for ep in eps[:3]), counts

@@ -40,7 +40,9 @@ For each candidate e (extproc/scheduling/latency.py for the model):
 5. Bounded reuse (extproc/scheduling/reuse.py): where more than `--balance-slack` in-flight
    requests already reuse this request's prefix and e holds more than `--balance-factor` (1.25)
    times the pool's mean load, cached(e) counts 0, so a hot prefix spreads onto as many
-   replicas as its load needs instead of piling onto the one that first cached it.
+   replicas as its load needs instead of piling onto the one that first cached it. A prompt no
+   candidate holds goes to an endpoint within its share of that bound, by speed, whenever one is
+   (`_bound_new_prompt`).
 6. score(e) = min cost / cost(e): 1 for the best, in (0, 1] for the rest; the max-score picker
    then takes the least cost (random among equals). Each candidate's prediction is kept in
    `request.predictions`, and the signals the chosen one's used (and those of any that bounded
@@ -62,10 +64,11 @@ from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
 from extproc.core.datastore import Endpoint
 from extproc.prefix.capacity import auto_tuned_capacity
 from extproc.prefix.index import PrefixIndex
+from extproc.scheduling.endpoint_work import EndpointWork
 from extproc.scheduling.interfaces import Routing, SchedulingRequest
 from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
-from extproc.scheduling.reuse import ReuseCounts, load_bound, over_bound, over_load
+from extproc.scheduling.reuse import ReuseCounts, load_bound, over_bound, over_load, share_bound
 
 MAX_HOMES = 65536  # prefix families remembered (~100 bytes each)
 
@@ -220,24 +223,35 @@ class PredictedTtftScorer:
             # predicts below the prior's overhead, and one floor for all would tie them).
             costs.append(max(cost, c.overhead_ms * w.slowdown, 1e-3))
         if most <= 0:
-            self._bound_new_prompt(endpoints, costs)
+            self._bound_new_prompt(endpoints, works, costs)
         best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
 
-    def _bound_new_prompt(self, endpoints: Sequence[Endpoint], costs: list[float]) -> None:
-        """A prompt no candidate holds has no cache to keep: it goes to an endpoint within the load
-        bound (reuse.py's ceil(factor x (L + 1) / n)) whenever one is, whatever the others' costs.
-        Otherwise, on an idle pool, the endpoint whose calibrated slowdown is a little lower takes
-        every new prompt."""
-        bounded = self._loads(endpoints)
-        if bounded is None:
+    def _bound_new_prompt(self, endpoints: Sequence[Endpoint], works: Sequence[EndpointWork],
+                          costs: list[float]) -> None:
+        """A prompt no candidate holds has no cache to keep: it goes to an endpoint within its load
+        bound whenever one is, whatever the others' costs. Otherwise, on an idle pool, the endpoint
+        whose calibrated slowdown is a little lower takes every new prompt. Each endpoint's bound
+        is its share of reuse.py's by speed (1 / slowdown), as bounded loads with weights:
+
+            bound(e) = ceil(factor x (L + 1) x speed(e) / sum of speeds)
+
+        equal to reuse.py's ceil(factor x (L + 1) / n) where the speeds are equal. A replica
+        measured 4x slower than the rest holds about a quarter of a fast one's share, so it is
+        not handed a new prompt (a full prefill at 4x) because the fast ones hold their share."""
+        f = self.balance.factor
+        if f == 0 or len(endpoints) < 2:
             return
-        loads, bound = bounded
-        within = [cost for cost, load in zip(costs, loads, strict=True) if not over_load(load, bound)]
+        loads = [endpoint_load(ep) for ep in endpoints]
+        speeds = [1.0 / w.slowdown if w.slowdown > 0 else 1.0 for w in works]
+        total_load, total_speed = sum(loads), sum(speeds)
+        over = [over_load(load, share_bound(total_load, speed / total_speed, f))
+                for load, speed in zip(loads, speeds, strict=True)]
+        within = [cost for cost, o in zip(costs, over, strict=True) if not o]
         if within and len(within) < len(costs):
             worst = max(within)
-            for i, load in enumerate(loads):
-                if over_load(load, bound):
+            for i, o in enumerate(over):
+                if o:
                     costs[i] += worst
 
     # -- PickObserver ----------------------------------------------------------------------------
