@@ -104,9 +104,8 @@ class Calibration:
             w.partial_ratio = observed_ms / predicted_ms  # the window so far: too few to calibrate on
             return
         w.partial_ratio = -1.0
-        if predicted_ms > 0:
-            w.ttft_windows += 1
-            self._move_slowdown(w, observed_ms / predicted_ms, w.ttft_windows, "ttft-histogram")
+        w.ttft_windows += 1
+        self._move_slowdown(w, observed_ms / predicted_ms, w.ttft_windows, "ttft-histogram")
         w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
 
     def _move_slowdown(self, w: EndpointWork, ratio: float, windows: int, source: str) -> None:

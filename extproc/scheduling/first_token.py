@@ -89,10 +89,11 @@ class FirstTokenWait:
         if served >= len(awaiting) or len(awaiting) > CHECKED:
             return None, 0.0
         oldest = list(islice(awaiting.values(), served + 1))
-        bound = min(((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0
-                    for routed_at, base_ms, wait_ms, _, _ in oldest)
         if queue and any(e[4] for e in oldest):
             bound = 0.0  # one of them may be waiting for a slot: no proof of slowness
+        else:
+            bound = min(((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0
+                        for routed_at, base_ms, wait_ms, _, _ in oldest)
         # Without a first token, a request's prefill is not done: the len - served - 1 smallest
         # prompts among them are still to prefill in full (one may be part-way).
         unfinished = len(awaiting) - served - 1

@@ -46,15 +46,11 @@ import math
 MAX_KEYS = 65536  # (endpoint, key) pairs counted at most; each is released with its request
 
 
-def load_bound(total_load: float, n: int, factor: float) -> float:
-    """The most requests an endpoint may hold, the one being placed included: ceil(factor x mean)."""
-    return float(math.ceil(factor * (total_load + 1.0) / n - 1e-9))
-
-
-def share_bound(total_load: float, share: float, factor: float) -> float:
-    """The most requests an endpoint with `share` of the pool's capacity may hold, the one being
-    placed included: ceil(factor x (L + 1) x share); load_bound's with share 1 / n."""
-    return float(math.ceil(factor * (total_load + 1.0) * share - 1e-9))
+def load_bound(total_load: float, n: float, factor: float, weight: float = 1.0) -> float:
+    """The most requests an endpoint may hold, the one being placed included: ceil(factor x mean)
+    for n endpoints alike; for one of `weight` in a pool whose weights sum to `n`,
+    ceil(factor x (L + 1) x weight / n)."""
+    return float(math.ceil(factor * (total_load + 1.0) * weight / n - 1e-9))
 
 
 def over_load(load: float, bound: float) -> bool:

@@ -68,6 +68,7 @@ def test_the_bound_is_factor_times_the_mean_load_with_the_new_request() -> None:
     assert load_bound(10, 4, 1.25) == 4  # ceil(1.25 x 11 / 4) = ceil(3.44)
     assert load_bound(15, 4, 1.25) == 5  # exactly 5: no rounding up past it
     assert load_bound(6, 2, 1.5) == 6  # ceil(1.5 x 7 / 2) = ceil(5.25)
+    assert load_bound(15, 3.25, 1.25, 0.25) == 2  # a 4x slower one of four: ceil(1.25 x 16 x 0.25 / 3.25)
     # Over: more than `slack` requests reuse the prefix there AND the endpoint is over the bound.
     assert over_bound(2, 4, 4, 1.0)
     assert not over_bound(1, 4, 4, 1.0)  # the prefix is not hot there

@@ -68,7 +68,7 @@ from extproc.scheduling.endpoint_work import EndpointWork
 from extproc.scheduling.interfaces import Routing, SchedulingRequest
 from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
-from extproc.scheduling.reuse import ReuseCounts, load_bound, over_bound, over_load, share_bound
+from extproc.scheduling.reuse import ReuseCounts, load_bound, over_bound, over_load
 
 MAX_HOMES = 65536  # prefix families remembered (~100 bytes each)
 
@@ -239,13 +239,13 @@ class PredictedTtftScorer:
         equal to reuse.py's ceil(factor x (L + 1) / n) where the speeds are equal. A replica
         measured 4x slower than the rest holds about a quarter of a fast one's share, so it is
         not handed a new prompt (a full prefill at 4x) because the fast ones hold their share."""
-        f = self.balance.factor
-        if f == 0 or len(endpoints) < 2:
+        bounded = self._loads(endpoints)
+        if bounded is None:
             return
-        loads = [endpoint_load(ep) for ep in endpoints]
+        loads, _ = bounded
         speeds = [1.0 / w.slowdown if w.slowdown > 0 else 1.0 for w in works]
-        total_load, total_speed = sum(loads), sum(speeds)
-        over = [over_load(load, share_bound(total_load, speed / total_speed, f))
+        total_load, total_speed, f = sum(loads), sum(speeds), self.balance.factor
+        over = [over_load(load, load_bound(total_load, total_speed, f, speed))
                 for load, speed in zip(loads, speeds, strict=True)]
         within = [cost for cost, o in zip(costs, over, strict=True) if not o]
         if within and len(within) < len(costs):
