@@ -4,11 +4,15 @@
   of the path shows;
 - `scrape(rig, pod)`: every sample of one picker replica's /metrics as {(name, labels): value};
   `metric(samples, name, **labels)` reads one (0 when absent), `total(samples, name)` sums a
-  metric over its label values.
+  metric over its label values;
+- `settled(rig)`: every picker replica's samples once none has an ext_proc stream open, so a
+  counter of stream ends read before and after a request counts that request's stream alone
+  (the previous test's stream may end after its client has read the whole response).
 """
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import openai
@@ -36,3 +40,14 @@ def metric(samples: Samples, name: str, **labels: str) -> float:
 
 def total(samples: Samples, name: str) -> float:
     return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def settled(rig: EnvoyGatewayRig, timeout: float = 15.0) -> list[Samples]:
+    """Every picker pod's samples, once no pod reports an open ext_proc stream (AssertionError after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = [scrape(rig, p) for p in rig.picker_pods]
+        if all(total(s, "prefix_epp_open_streams") == 0 for s in samples):
+            return samples
+        assert time.monotonic() < deadline, [total(s, "prefix_epp_open_streams") for s in samples]
+        time.sleep(0.05)

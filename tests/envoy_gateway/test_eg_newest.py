@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from testkit.eg_client import client, metric, scrape, total
+from testkit.eg_client import client, metric, scrape, settled, total
 from testkit.envoy_gateway import EnvoyGatewayRig, Pod, running_rig
 from testkit.versions import Versions
 
@@ -124,7 +124,7 @@ def test_large_prompts_pass_envoy_gateways_buffer_limits(rig: EnvoyGatewayRig, s
 def test_generation_longer_than_ten_seconds_ends_intact(rig: EnvoyGatewayRig) -> None:
     """EG gives the ext_proc service a 10 s gRPC timeout; the picker's stream lasts the whole answer
     (it asked for the response trailers) and must outlive it, ending closed, not reset."""
-    before = [scrape(rig, p) for p in rig.picker_pods]
+    before = settled(rig)
     oa = client(rig, timeout=120)
     t0 = time.monotonic()
     stream = oa.completions.create(model="tiny", prompt="tell a long story", max_tokens=6000, stream=True,
@@ -140,13 +140,7 @@ def test_generation_longer_than_ten_seconds_ends_intact(rig: EnvoyGatewayRig) ->
     assert time.monotonic() - t0 > 10.5  # the answer really outlived the 10 s timeout
     assert n == 6000 and usage is not None and usage.completion_tokens == 6000
     assert open_late == 1.0  # the ext_proc stream was still open after 10 s
-    deadline = time.monotonic() + 15
-    while True:
-        after = [scrape(rig, p) for p in rig.picker_pods]
-        if all(total(a, "prefix_epp_inflight_requests") == 0 for a in after):
-            break
-        assert time.monotonic() < deadline, [total(a, "prefix_epp_inflight_requests") for a in after]
-        time.sleep(0.1)
+    after = settled(rig)
     name = "prefix_epp_extproc_streams_total"
     ends = {end: sum(metric(a, name, end=end) - metric(b, name, end=end) for a, b in zip(after, before, strict=True))
             for end in ("closed", "reset")}
@@ -154,13 +148,13 @@ def test_generation_longer_than_ten_seconds_ends_intact(rig: EnvoyGatewayRig) ->
 
 
 def test_streams_spread_over_both_pickers_and_none_is_reset(rig: EnvoyGatewayRig) -> None:
-    before = [scrape(rig, p) for p in rig.picker_pods]
+    before = settled(rig)
     oa = client(rig)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(lambda i: oa.completions.with_raw_response.create(
             model="tiny", prompt=f"request {i}", max_tokens=1).http_response.status_code, range(400)))
     assert codes == [200] * 400
-    after = [scrape(rig, p) for p in rig.picker_pods]
+    after = settled(rig)
     closed = [metric(a, "prefix_epp_extproc_streams_total", end="closed")
               - metric(b, "prefix_epp_extproc_streams_total", end="closed") for a, b in zip(after, before, strict=True)]
     reset = [metric(a, "prefix_epp_extproc_streams_total", end="reset")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from testkit.eg_client import client, metric, scrape
+from testkit.eg_client import client, metric, settled
 from testkit.envoy_gateway import EnvoyGatewayRig, running_rig
 from testkit.versions import Versions
 
@@ -79,18 +79,13 @@ def test_a_prompt_of_several_mib(rig: EnvoyGatewayRig) -> None:
 
 
 def test_generation_longer_than_ten_seconds_ends_closed(rig: EnvoyGatewayRig) -> None:
-    pod = rig.picker_pods[0]
-    before = scrape(rig, pod)
+    [before] = settled(rig)
     t0 = time.monotonic()
     stream = client(rig, timeout=120).completions.create(model="tiny", prompt="a long story", max_tokens=6000,
                                                          stream=True)
     assert sum(1 for c in stream if c.choices and c.choices[0].text) == 6000
     assert time.monotonic() - t0 > 10.5
-    deadline = time.monotonic() + 15
-    while metric(scrape(rig, pod), "prefix_epp_open_streams") != 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    after = scrape(rig, pod)
+    [after] = settled(rig)
     name = "prefix_epp_extproc_streams_total"
     assert metric(after, name, end="closed") - metric(before, name, end="closed") == 1
     assert metric(after, name, end="reset") == metric(before, name, end="reset")
