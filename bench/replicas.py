@@ -1,17 +1,22 @@
 """Several pickers and several workers: hit rate, sync bandwidth, snapshot cost, workers' throughput.
 
-    python -m bench.replicas                  # everything, ~10 min on 2 cores (writes bench/results/replicas.*)
+    python -m bench.replicas                  # everything, ~25 min on 2 cores (writes bench/results/replicas.*)
     python -m bench.replicas --parts workers --reps 5   # rerun one part; the others' results are kept
 
 Parts (every figure side by side in one run, `--reps` repetitions (3), configurations interleaved
 within each repetition, so a busy machine hits them alike):
 1. hit-rate: 4 simulated replicas (`bench.lib.routers.sim_replicas`, KV cache sized as in `bench.run`)
-   behind real Envoy whose ext_proc cluster holds 1, 2 or 4 pickers (LEAST_REQUEST over the
-   healthy ones): "1", "2 synced", "4 synced" (--sync-port/--peers) and "2 unsynced". Workloads
-   `shared-prefix` and `multi-turn` (`bench.lib.workloads`, --quick sizes, seeds = repetition),
-   replayed `--time-scale` (3) times faster than real time. Hit rate = cached / prompt tokens
-   reported by the engines. The same runs give the sync bandwidth: bytes the pickers sent to
-   their peers per routed request, times 1,000 (= bytes/s per peer link at 1,000 req/s).
+   behind n gateways, each a real Envoy asking its own picker (SGLang's multi-gateway setup):
+   "1", "2/4/8 synced" (--sync-port/--peers, a full mesh) and "2/4/8 unsynced". The client
+   spreads the requests over the gateways (turn k of session i to gateway (i + k) mod n,
+   `bench.lib.client.run`), so each gateway sees every prefix and a conversation's turns change
+   gateway. Workloads `shared-prefix` and `multi-turn` (`bench.lib.workloads`, --quick sizes,
+   seeds = repetition), replayed `--time-scale` (3) times faster than real time. Hit rate =
+   cached / prompt tokens reported by the engines, for the pool and per gateway (the lowest
+   gateway's is reported). The same runs give the sync traffic: bytes the pickers sent to their
+   peers per routed request, per link and per picker (all its links), times 1,000 (= bytes/s at
+   1,000 req/s through the pool), and the pickers' CPU per routed request (synced against
+   unsynced at the same n: the CPU sync costs).
 2. snapshot: a full index (`--prefix-lru-capacity` default, 31,250 blocks per endpoint, for 4 and
    16 endpoints) sent by one PeerSync and loaded by another over loopback gRPC (warm start):
    bytes on the wire and seconds until loaded.
@@ -43,7 +48,7 @@ import aiohttp
 from bench.lib import client
 from bench.lib.oracle import workload_oracle
 from bench.lib.routers import sim_replicas
-from bench.lib.runner import sim_settings
+from bench.lib.runner import process_cpu_s, sim_settings
 from bench.lib.stats import hit_rate
 from bench.lib.workloads import build
 from extproc.commands.envoy_config import build_config, render
@@ -58,7 +63,8 @@ from testkit.envoy import envoy_binary
 from testkit.procs import free_ports, prefix_epp, python_module, running, wait_for_port
 
 RESULTS = Path(__file__).parent / "results"
-CONFIGS = (("1", 1, False), ("2 synced", 2, True), ("4 synced", 4, True), ("2 unsynced", 2, False))
+CONFIGS = (("1", 1, False), ("2 synced", 2, True), ("4 synced", 4, True), ("8 synced", 8, True),
+           ("2 unsynced", 2, False), ("4 unsynced", 4, False), ("8 unsynced", 8, False))
 WORKLOADS = ("shared-prefix", "multi-turn")
 SECRET = "bench-peer-sync-secret-0123456789abcdef"
 
@@ -89,13 +95,14 @@ def envoy(tmp: Path, name: str, epp_ports: Sequence[int], backends: Sequence[str
 
 @contextlib.contextmanager
 def pickers(tmp: Path, backends: Sequence[str], n: int, sync: bool, extra: Sequence[str] = ()) -> Iterator[
-        list[tuple[int, int]]]:
-    """n picker processes; yields [(grpc port, metrics port)] once all listen."""
+        list[tuple[int, int, int]]]:
+    """n picker processes; yields [(grpc port, metrics port, pid)] once all listen."""
     secret = tmp / "secret"
     secret.write_text(SECRET)
     ports = [free_ports(4) for _ in range(n)]
     peers = ",".join(f"127.0.0.1:{p[3]}" for p in ports)
     with contextlib.ExitStack() as stack:
+        pids = []
         for i, (grpc_port, health, metrics, sync_port) in enumerate(ports):
             args = prefix_epp("serve", "--endpoints", ",".join(backends), "--secure-serving=false",
                               "--grpc-port", str(grpc_port), "--grpc-health-port", str(health),
@@ -103,10 +110,10 @@ def pickers(tmp: Path, backends: Sequence[str], n: int, sync: bool, extra: Seque
                               "warning", "--sync-warm-timeout", "1s", *extra)
             if sync:
                 args += ["--sync-port", str(sync_port), "--peers", peers, "--sync-secret-file", str(secret)]
-            stack.enter_context(running(args, tmp / f"picker-{i}.log", wait_port=grpc_port))
+            pids.append(stack.enter_context(running(args, tmp / f"picker-{i}.log", wait_port=grpc_port)).popen.pid)
         for _, _, metrics, _ in ports:
             wait_for_port(metrics)
-        yield [(p[0], p[2]) for p in ports]
+        yield [(p[0], p[2], pid) for p, pid in zip(ports, pids, strict=True)]
 
 
 def scrape(port: int) -> bytes:
@@ -130,20 +137,30 @@ def hit_rate_run(tmp: Path, workload_name: str, seed: int, label: str, n: int, s
     sim = sim_settings(workload_oracle(workload), 4, time_scale, workload)
     tmp.mkdir(parents=True, exist_ok=True)
     with sim_replicas(tmp, sim) as pool, pickers(tmp, pool.addresses, n, sync) as procs, \
-            envoy(tmp, "envoy", [p for p, _ in procs], pool.addresses) as url:
-        asyncio.run(client.probe(url))
+            contextlib.ExitStack() as gateways:
+        urls = [gateways.enter_context(envoy(tmp, f"envoy-{i}", [port], pool.addresses))
+                for i, (port, _, _) in enumerate(procs)]
+        for url in urls:
+            asyncio.run(client.probe(url))
         if sync:
-            wait_peers([m for _, m in procs], n - 1)
-        result = asyncio.run(client.run(url, workload, time_scale))
-        texts = [scrape(m) for _, m in procs]
-    routed = [metric(t, "prefix_epp_requests_total", outcome="routed", status="200") for t in texts]
-    sent = sum(metric(t, "prefix_epp_sync_bytes_sent_total") for t in texts)
+            wait_peers([m for _, m, _ in procs], n - 1)
+        texts = [scrape(m) for _, m, _ in procs]
+        before = [metric(t, "prefix_epp_sync_bytes_sent_total") for t in texts]
+        cpu0 = process_cpu_s([pid for _, _, pid in procs])
+        result = asyncio.run(client.run(urls, workload, time_scale))
+        cpu = process_cpu_s([pid for _, _, pid in procs]) - cpu0
+        texts = [scrape(m) for _, m, _ in procs]
+    sent = sum(metric(t, "prefix_epp_sync_bytes_sent_total") for t in texts) - sum(before)
+    requests = len(result.requests)
     links = max(1, n - 1)
-    return {"config": label, "workload": workload_name, "seed": seed,
-            "requests": len(result.requests), "errors": sum(1 for r in result.requests if not r.ok),
+    per_gateway = [hit_rate([r for r in result.requests if r.gateway == g]) for g in range(n)]
+    return {"config": label, "pickers": n, "sync": sync, "workload": workload_name, "seed": seed,
+            "requests": requests, "errors": sum(1 for r in result.requests if not r.ok),
             "hit_rate": round(hit_rate(result.requests), 4),
-            "share_per_picker": [round(r / max(1.0, sum(routed)), 3) for r in routed],
-            "sync_bytes_per_request_per_link": round(sent / links / max(1.0, sum(routed)), 1) if sync else 0.0,
+            "hit_rate_per_gateway": [round(h, 4) for h in per_gateway],
+            "picker_cpu_ms_per_request": round(1000 * cpu / max(1, requests), 3),
+            "sync_bytes_per_request_per_link": round(sent / n / links / max(1, requests), 1),
+            "sync_bytes_per_request_per_picker": round(sent / n / max(1, requests), 1),
             "dropped": sum(metric(t, "prefix_epp_sync_dropped_records_total", reason=r)
                            for t in texts for r in ("outbox_full", "peer_queue_full"))}
 
@@ -230,16 +247,22 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
 
 
+def _of(rows: Sequence[dict[str, Any]], workload: str, config: str, key: str) -> list[float]:
+    return [r[key] for r in rows if r["workload"] == workload and r["config"] == config]
+
+
 def summarize(raw: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if raw.get("hit_rate"):
         rows = raw["hit_rate"]
-        out["hit_rate"] = {w: {c: spread([r["hit_rate"] for r in rows if r["workload"] == w and r["config"] == c])
-                               for c, _, _ in CONFIGS} for w in WORKLOADS}
-        out["sync_bytes_per_s_at_1000_rps_per_link"] = {
-            w: spread([r["sync_bytes_per_request_per_link"] * 1000 for r in rows
-                       if r["workload"] == w and r["config"] != "1" and "unsynced" not in r["config"]])
-            for w in WORKLOADS}
+        for r in rows:
+            r.setdefault("hit_rate_min_gateway", min(r.get("hit_rate_per_gateway") or [r["hit_rate"]]))
+        labels = [c for c, _, _ in CONFIGS if any(r["config"] == c for r in rows)]
+        out["configs"] = labels
+        for key in ("hit_rate", "hit_rate_min_gateway", "picker_cpu_ms_per_request",
+                    "sync_bytes_per_request_per_link", "sync_bytes_per_request_per_picker"):
+            out[key] = {w: {c: spread(_of(rows, w, c, key)) for c in labels if _of(rows, w, c, key)}
+                        for w in WORKLOADS}
     if raw.get("workers"):
         out["workers_rps"] = {str(n): spread([r["rps"] for r in raw["workers"] if r["workers"] == n]) for n in (1, 2)}
     if raw.get("snapshot"):
@@ -247,18 +270,26 @@ def summarize(raw: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+def _cell(x: dict[str, float], fmt: str = ".3f", scale: float = 1.0) -> str:
+    return f"{x['median'] * scale:{fmt}} ({x['min'] * scale:{fmt}}-{x['max'] * scale:{fmt}})"
+
+
 def table(summary: dict[str, Any]) -> str:
     lines = []
     if "hit_rate" in summary:
-        lines += ["| pickers | " + " | ".join(WORKLOADS) + " |", "|---|" + "---:|" * len(WORKLOADS)]
-        for c, _, _ in CONFIGS:
-            cells = [summary["hit_rate"][w][c] for w in WORKLOADS]
-            lines.append(f"| {c} | " + " | ".join(f"{x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f})" for x in cells)
-                         + " |")
-        bw = summary["sync_bytes_per_s_at_1000_rps_per_link"]
-        lines += ["", "Sync bandwidth per peer link at 1,000 req/s: " + "; ".join(
-            f"{w} {bw[w]['median'] / 1024:.0f} KiB/s ({bw[w]['min'] / 1024:.0f}-{bw[w]['max'] / 1024:.0f})"
-            for w in WORKLOADS)]
+        kib = 1000 / 1024  # bytes per request -> KiB/s at 1,000 req/s
+        lines += ["Hit rate (cached / prompt tokens, median and min-max of the repetitions): the pool, and the "
+                  "lowest of its gateways; sync KiB/s at 1,000 req/s through the pool; pickers' CPU per request.",
+                  "", "| pickers | workload | pool hit rate | lowest gateway | sync per link KiB/s "
+                  "| sync sent per picker KiB/s | picker CPU ms/request |", "|---|---|---:|---:|---:|---:|---:|"]
+        for w in WORKLOADS:
+            for c in summary["configs"]:
+                synced = "unsynced" not in c and c != "1"
+                link = _cell(summary["sync_bytes_per_request_per_link"][w][c], ".0f", kib) if synced else "-"
+                per = _cell(summary["sync_bytes_per_request_per_picker"][w][c], ".0f", kib) if synced else "-"
+                lines.append(f"| {c} | {w} | {_cell(summary['hit_rate'][w][c])} | "
+                             f"{_cell(summary['hit_rate_min_gateway'][w][c])} | {link} | {per} | "
+                             f"{_cell(summary['picker_cpu_ms_per_request'][w][c], '.2f')} |")
     if "snapshot" in summary:
         lines += ["", "| snapshot: endpoints | entries | bytes | seconds |", "|---:|---:|---:|---:|"]
         lines += [f"| {s['endpoints']} | {s['entries']} | {s['bytes']} | {s['seconds']} |" for s in summary["snapshot"]]

@@ -73,7 +73,7 @@ from bench.lib import llmd, sim_vllm, vllm_backend
 from bench.lib.aggregate import aggregate
 from bench.lib.go_epp import build_info as go_epp_build_info
 from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, vllm_oracle, workload_oracle
-from bench.lib.profiles import PROFILES, SimProfile
+from bench.lib.profiles import PROFILES, SimProfile, smaller_replicas
 from bench.lib.profiles import settings as profile_settings
 from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetition_name, runs_dir, write_results
 from bench.lib.routers import PICKER_TRANSPORT, ROUTERS, SimSettings, go_epp_available
@@ -121,13 +121,14 @@ class Draw:
 
     @classmethod
     def of(cls, names: Sequence[str], seed: int, *, quick: bool, load: float, replicas: int,
-           time_scale: float, backend: str = "sim", profile: SimProfile = PROFILES["default"]) -> Draw:
+           time_scale: float, backend: str = "sim", profile: SimProfile = PROFILES["default"],
+           replica_cost: float = 1.0) -> Draw:
         if backend in ("vllm", "sim-vllm"):
             return cls.vllm(names, seed, quick=quick, load=load, simulated=backend == "sim-vllm")
         workloads = {w: build(w, quick=quick, seed=seed, load=load, max_tokens=profile.max_tokens) for w in names}
         oracle = {w: workload_oracle(wl) for w, wl in workloads.items()}
-        sims = {w: profile_settings(profile, sim_settings(oracle[w], replicas, time_scale, wl))
-                for w, wl in workloads.items()}
+        sims = {w: smaller_replicas(profile_settings(profile, sim_settings(oracle[w], replicas, time_scale, wl)),
+                                    replica_cost) for w, wl in workloads.items()}
         return cls(workloads, oracle, sims)
 
     @classmethod
@@ -146,7 +147,8 @@ class Draw:
 def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: bool, replicas: int, load: float,
             time_scale: float, out_dir: Path, name: str, log: Callable[[str], None] = print,
             work_dir: Path | None = None, repeat: int = 1, seed: int = 0, vary_seed: bool = False,
-            backend: str = "sim", profile: SimProfile = PROFILES["default"]) -> dict[str, Any]:
+            backend: str = "sim", profile: SimProfile = PROFILES["default"],
+            replica_cost: float = 1.0) -> dict[str, Any]:
     """The matrix `repeat` times, repetition-major, on the same seeded workloads (`seed`), or with
     `vary_seed` on a new draw of them per repetition (seed, seed + 1, ...); `backend` "vllm": on
     two real engines started once (module docstring).
@@ -156,6 +158,8 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     config: dict[str, Any] = {"replicas": replicas, "time_scale": time_scale, "quick": quick, "load": load,
                               "repeat": repeat, "seed": seed, "vary_seed": vary_seed,
                               "closed_loop": any(r.closed_loop for r in routers), "workloads": {}}
+    if replica_cost != 1:
+        config["replica_cost"] = replica_cost
     if profile.name != "default":
         config["sim_profile"] = {"name": profile.name, "sim_args": list(profile.sim_args),
                                  "max_num_seqs": profile.max_num_seqs, "max_tokens": profile.max_tokens}
@@ -191,7 +195,7 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
     candidates = candidates_of([r.label for r in routers])
     seeds = [seed + k for k in range(repeat)] if vary_seed else [seed] * repeat
     draws = {s: Draw.of(workloads, s, quick=quick, load=load, replicas=replicas, time_scale=time_scale,
-                        backend=backend, profile=profile) for s in dict.fromkeys(seeds)}
+                        backend=backend, profile=profile, replica_cost=replica_cost) for s in dict.fromkeys(seeds)}
     first = draws[seed]
     oracle = pooled_oracle([d.oracle for d in draws.values()])
     for wname, workload in first.workloads.items():
@@ -277,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "accuracy on every request, at a picker round trip per streamed chunk")
     p.add_argument("--repeat", type=int, default=1, help="run the whole matrix this many times (same workloads)")
     p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS)
+    p.add_argument("--replica-cost", type=float, default=1.0,
+                   help="every simulated replica pays every cost this many times: more, smaller replicas "
+                        "(--replicas 16 --replica-cost 4 holds the capacity of 4 default replicas)")
     p.add_argument("--seed", type=int, default=0,
                    help="workload seed: another draw of the same workloads (prompts, order, arrival times)")
     p.add_argument("--vary-seed", action="store_true",
@@ -296,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.backend == "vllm" and "clairvoyant" in chosen:
         p.error("clairvoyant is a simulator reference (it routes on the replicas' true caches and queues): "
                 "it runs with --backend sim only")
+    if args.replica_cost != 1 and (vllm or args.sim_profile == "heterogeneous"):
+        p.error("--replica-cost applies to simulated replicas of one speed (not vllm, sim-vllm or heterogeneous)")
     if vllm and set(workloads) - set(VLLM_WORKLOADS):
         p.error(f"--backend vllm has vLLM-sized workloads for {', '.join(VLLM_WORKLOADS)} only")
     routers = [RouterSpec(r, closed_loop=args.closed_loop) for r in chosen]
@@ -310,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      time_scale=args.time_scale, out_dir=args.out_dir, name=name,
                      log=lambda line: print(line, flush=True), work_dir=args.work_dir, repeat=args.repeat,
                      seed=args.seed, vary_seed=args.vary_seed, backend=args.backend,
-                     profile=PROFILES[args.sim_profile])
+                     profile=PROFILES[args.sim_profile], replica_cost=args.replica_cost)
     print((args.out_dir / f"{name}.md").read_text())
     return 0 if result["summaries"] else 1
 

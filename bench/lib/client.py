@@ -1,4 +1,4 @@
-"""Open-loop load generator: replays a workload against one router URL and times every request.
+"""Open-loop load generator: replays a workload against a router (or several gateways), timing every request.
 
 Each session becomes a task that sleeps until its planned start (workload time divided by
 `time_scale`), then sends its turns in order; a conversation's next turn waits for the previous
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ class RequestResult:
     completion_tokens: int = 0
     served_by: str = ""
     error: str = ""
+    gateway: int = 0  # which of run()'s base URLs it was sent to
 
     @property
     def ok(self) -> bool:
@@ -118,8 +119,8 @@ async def send(session: aiohttp.ClientSession, url: str, payload: dict[str, obje
     return "".join(answer)
 
 
-async def _session(client: aiohttp.ClientSession, base_url: str, s: Session, t0: float, time_scale: float,
-                   out: list[RequestResult]) -> None:
+async def _session(client: aiohttp.ClientSession, base_urls: Sequence[str], s: Session, t0: float,
+                   time_scale: float, out: list[RequestResult]) -> None:
     await asyncio.sleep(max(0.0, t0 + s.start_s / time_scale - time.perf_counter()))
     answers: list[str] = []
     for turn in range(s.turns):
@@ -127,19 +128,27 @@ async def _session(client: aiohttp.ClientSession, base_url: str, s: Session, t0:
             await asyncio.sleep(s.think_s[turn - 1] / time_scale)
         now = time.perf_counter()
         lag = max(0.0, (now - t0) * time_scale - s.start_s) if turn == 0 else 0.0
-        result = RequestResult(s.id, turn, s.label, (now - t0) * time_scale, lag)
+        gateway = (s.id + turn) % len(base_urls)
+        result = RequestResult(s.id, turn, s.label, (now - t0) * time_scale, lag, gateway=gateway)
         path, payload = body(s, turn, answers)
-        answers.append(await send(client, base_url + path, payload, result, time_scale))
+        answers.append(await send(client, base_urls[gateway] + path, payload, result, time_scale))
         out.append(result)
 
 
-async def run(base_url: str, workload: Workload, time_scale: float = 1.0) -> RunResult:
-    """Replay `workload` against `base_url` (e.g. http://127.0.0.1:8081); return every request."""
+async def run(base_url: str | Sequence[str], workload: Workload, time_scale: float = 1.0) -> RunResult:
+    """Replay `workload` against `base_url` (e.g. http://127.0.0.1:8081); return every request.
+
+    Several base URLs (gateways that each ask their own picker): a session's turn k goes to
+    gateway (session id + k) mod n, so every gateway sees every prefix group and a conversation's
+    turns move from gateway to gateway, the worst case for pickers that do not share what they
+    routed; each result says its gateway.
+    """
+    urls = (base_url,) if isinstance(base_url, str) else tuple(base_url)
     out: list[RequestResult] = []
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as client:
         t0 = time.perf_counter()
-        await asyncio.gather(*(_session(client, base_url, s, t0, time_scale, out) for s in workload.sessions))
+        await asyncio.gather(*(_session(client, urls, s, t0, time_scale, out) for s in workload.sessions))
         wall = (time.perf_counter() - t0) * time_scale
     out.sort(key=lambda r: (r.sent_s, r.session, r.turn))
     return RunResult(out, wall)

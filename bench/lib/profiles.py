@@ -13,7 +13,9 @@ its own cost model shows it:
   (--metrics-surface minimal): no TTFT histogram and no prompt-token counter to calibrate on.
 
 `settings(profile, sim)` adds a profile's replica flags to the run's SimSettings; its `max_tokens`
-is the output length (0: the workload's own).
+is the output length (0: the workload's own). `smaller_replicas(sim, cost)` makes every replica
+pay every cost `cost` times: `bench.run --replicas 16 --replica-cost 4` is the 4-replica pool's
+capacity in 16 replicas (how routing quality holds as the pool grows, on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -42,3 +44,10 @@ PROFILES = {p.name: p for p in (
 def settings(profile: SimProfile, sim: SimSettings) -> SimSettings:
     """`sim` with the profile's replica flags."""
     return replace(sim, max_num_seqs=profile.max_num_seqs, sim_args=(*sim.sim_args, *profile.sim_args))
+
+
+def smaller_replicas(sim: SimSettings, cost: float) -> SimSettings:
+    """`sim` with every replica paying every cost `cost` times (1: unchanged)."""
+    if cost == 1:
+        return sim
+    return replace(sim, sim_args=(*sim.sim_args, "--slow-replicas", str(sim.replicas), "--slow-factor", str(cost)))

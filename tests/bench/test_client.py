@@ -8,14 +8,18 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
-from bench.lib.client import RequestResult, send
+from bench.lib.client import RequestResult, run, send
+from bench.lib.workloads import Session, Workload
 from testkit.procs import free_ports
 
 USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 3}}\n\n'
 
 
-async def _serve(chunks: list[bytes]) -> tuple[web.AppRunner, str]:
+async def _serve(chunks: list[bytes], path: str = "/v1/completions",
+                 seen: list[str] | None = None) -> tuple[web.AppRunner, str]:
     async def handle(request: web.Request) -> web.StreamResponse:
+        if seen is not None:
+            seen.append(request.path)
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         for chunk in chunks:
@@ -25,12 +29,12 @@ async def _serve(chunks: list[bytes]) -> tuple[web.AppRunner, str]:
         return resp
 
     app = web.Application()
-    app.router.add_post("/v1/completions", handle)
+    app.router.add_post(path, handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     [port] = free_ports(1)
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}/v1/completions"
+    return runner, f"http://127.0.0.1:{port}" + ("/v1/completions" if path == "/v1/completions" else "")
 
 
 async def _ttft(chunks: list[bytes]) -> RequestResult:
@@ -53,3 +57,21 @@ async def test_a_stream_without_text_times_its_first_choice_chunk() -> None:
     r = await _ttft([b'data: {"choices": [{"text": ""}]}\n\n', b'data: {"choices": [{"text": ""}]}\n\n', USAGE])
     assert r.ok and r.ttft_s is not None and 0.04 <= r.ttft_s < 0.09
     assert r.prompt_tokens == 40 and r.completion_tokens == 3
+
+
+async def test_several_gateways_take_a_conversations_turns_in_turn() -> None:
+    """Turn k of session i goes to gateway (i + k) mod n, and each result names its gateway."""
+    chat = b'data: {"choices": [{"delta": {"content": "ok"}}]}\n\n'
+    seen: list[list[str]] = [[], [], []]
+    servers = [await _serve([chat, USAGE], "/v1/chat/completions", seen[g]) for g in range(3)]
+    try:
+        sessions = (Session(0, 0.0, "chat", ("a", "b", "c", "d"), 4, think_s=(0.0, 0.0, 0.0)),
+                    Session(1, 0.0, "chat", ("e",), 4))
+        result = await run([url for _, url in servers], Workload("w", sessions))
+    finally:
+        for runner, _ in servers:
+            await runner.cleanup()
+    assert all(r.ok for r in result.requests)
+    assert sorted((r.session, r.turn, r.gateway) for r in result.requests) == [
+        (0, 0, 0), (0, 1, 1), (0, 2, 2), (0, 3, 0), (1, 0, 1)]
+    assert [len(s) for s in seen] == [2, 2, 1]
