@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.profiles import PROFILES, settings
+from bench.lib.profiles import PROFILES, settings, smaller_replicas
 from bench.lib.routers import SimSettings
 from bench.lib.workloads import WORKLOADS, build
 from bench.regimes import table
@@ -35,6 +35,17 @@ def test_profile_flags_reach_the_simulator() -> None:
     assert [hetero.for_replica(i).prefill_time_per_token for i in range(4)] == pytest.approx([0.06] * 3 + [0.24])
     minimal = config_from_args(build_parser().parse_args(list(PROFILES["minimal-metrics"].sim_args)))
     assert minimal.metrics_surface == "minimal"
+
+
+def test_smaller_replicas_make_every_replica_pay_every_cost() -> None:
+    base = SimSettings(replicas=16, kv_cache_blocks=500)
+    assert smaller_replicas(base, 1) == base
+    sim = smaller_replicas(base, 4)
+    config = config_from_args(build_parser().parse_args(["--replicas", "16", *sim.sim_args]))
+    default = config_from_args(build_parser().parse_args(["--replicas", "16"]))
+    for i in (0, 15):
+        assert config.for_replica(i).prefill_time_per_token == pytest.approx(4 * default.prefill_time_per_token)
+        assert config.for_replica(i).decode_time_per_seq == pytest.approx(4 * default.decode_time_per_seq)
 
 
 def _summary(p99: float, load: float = 1.2, hit: float = 0.7) -> dict[str, object]:
