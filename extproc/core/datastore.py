@@ -80,7 +80,7 @@ class ModelServerMetrics:
     # process_start_time_seconds (unix seconds; -1: not exported): a new value is a restarted engine,
     # whose cache is empty whatever the indexes hold (Datastore.on_restarted).
     started_at: float = -1.0
-    updated_at: float = 0.0  # time.monotonic() of the last successful scrape
+    updated_at: float = 0.0  # time.monotonic() when the last successful scrape was sent (no later than its render)
     # The scrape interval in force when it was taken (extproc/scraping/plan.py: it grows with the
     # pool beyond the scrape budget); staleness is judged against it too (extproc/scheduling/load.py).
     interval_s: float = 0.0

@@ -33,7 +33,15 @@ one where each of the P + 1 oldest was routed while the endpoint held fewer requ
 most running sequences any endpoint of the pool was seen to hold (`queued` False at `add`):
 replicas of one pool run one configuration, so each of them was admitted on arrival and its
 late first token is slow prefill, however long the queue behind it (a prompt queued behind
-another's prefill, which is what a slower engine shows first). A raise is a measurement of the
+another's prefill, which is what a slower engine shows first). Nor is a bound drawn where one of
+the P + 1 oldest was predicted mostly fixed cost (`readable` False at `add`: its base below twice
+the per-request overhead, a warm or short prompt): its lateness may be a larger fixed cost per
+request (a CPU engine, a busy API server), which the one slowdown factor would then charge every
+cold prompt's prefill with. On the two vLLM CPU engines of tests/e2e/test_real_vllm.py, a warm
+931-token prompt predicted at 13 ms, still without its first token some 100 ms on, raised the
+engine serving it to 8x while its twin kept about 1x, and its warm prefixes went to the twin to
+be computed again. The TTFT histogram's windows still average such requests in. A raise is a
+measurement of the
 endpoint itself (calibration source "first-token-wait"); the next histogram window averages it
 with what arrived, and it is shared with the endpoints not calibrated yet except those whose
 own first tokens so far read them faster (calibration.py).
@@ -52,8 +60,9 @@ class FirstTokenWait:
     __slots__ = ("_awaiting", "_base_count", "_ended")
 
     def __init__(self) -> None:
-        # token -> (routed at s, base ms, slot wait ms, uncached tokens, maybe queued for a slot), oldest first.
-        self._awaiting: dict[int, tuple[float, float, float, float, bool]] = {}
+        # token -> (routed at s, base ms, slot wait ms, uncached tokens, maybe queued for a slot,
+        # readable: its lateness would be prefill speed), oldest first.
+        self._awaiting: dict[int, tuple[float, float, float, float, bool, bool]] = {}
         self._base_count = -1.0  # the engine's first-token count when counting began; -1: not yet
         self._ended = 0  # requests of `_awaiting` whose response ended since then
 
@@ -61,13 +70,14 @@ class FirstTokenWait:
         return len(self._awaiting)
 
     def add(self, token: int, at: float, base_ms: float, wait_ms: float, uncached: float,
-            queued: bool = True) -> None:
-        """A request routed at `at`; `queued` False: it was admitted on arrival (module docstring)."""
+            queued: bool = True, readable: bool = True) -> None:
+        """A request routed at `at`; `queued` False: it was admitted on arrival; `readable` False:
+        its prediction is mostly fixed cost (module docstring)."""
         awaiting = self._awaiting
         if len(awaiting) >= MAX_AWAITING:
             del awaiting[next(iter(awaiting))]
             self._ended += 1  # forgotten as if it had ended: P stays an upper bound
-        awaiting[token] = (at, base_ms, wait_ms, uncached, queued)
+        awaiting[token] = (at, base_ms, wait_ms, uncached, queued, readable)
 
     def remove(self, token: int) -> None:
         if self._awaiting.pop(token, None) is not None:
@@ -91,9 +101,11 @@ class FirstTokenWait:
         oldest = list(islice(awaiting.values(), served + 1))
         if queue and any(e[4] for e in oldest):
             bound = 0.0  # one of them may be waiting for a slot: no proof of slowness
+        elif not all(e[5] for e in oldest):
+            bound = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill
         else:
             bound = min(((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0
-                        for routed_at, base_ms, wait_ms, _, _ in oldest)
+                        for routed_at, base_ms, wait_ms, _, _, _ in oldest)
         # Without a first token, a request's prefill is not done: the len - served - 1 smallest
         # prompts among them are still to prefill in full (one may be part-way).
         unfinished = len(awaiting) - served - 1

@@ -63,6 +63,10 @@ from extproc.scheduling.interfaces import Routing
 from extproc.scheduling.load import endpoint_load
 from extproc.scheduling.slots import SlotState
 
+# A request's late first token bounds the slowdown only if its base is at least this many times
+# the fixed overhead (first_token.py): below, most of what it waits for is not prefill.
+READABLE_OVERHEADS = 2.0
+
 
 class LatencyModel(Calibration):
     def __init__(self, config: LatencyConfig, bytes_per_token: float, clock: Callable[[], float]) -> None:
@@ -269,7 +273,9 @@ class LatencyModel(Calibration):
         # Admitted on arrival where it finds fewer requests there than the pool was seen to run
         # at once (first_token.py; the first request to an idle endpoint always is).
         queued = endpoint_load(ep) >= max(1.0, self.pool_peak_running)
-        w.first.add(self._tokens, now, base_ms, wait_ms, uncached, queued)
+        # Its lateness reads prefill speed only where prefill is most of the prediction (first_token.py).
+        readable = base_ms >= READABLE_OVERHEADS * self.config.overhead_ms
+        w.first.add(self._tokens, now, base_ms, wait_ms, uncached, queued, readable)
         return self._tokens
 
     def leave(self, ep: Endpoint, token: int) -> None:

@@ -54,7 +54,12 @@ Model names and LoRA adapters seen are handed to `on_models` (extproc/telemetry/
 model names that keep their own metric label).
 
 A scrape is successful when the status is 200 and at least one of the first three families is
-present; its result goes to `Datastore.set_metrics` with `ok=True` and `updated_at=now`. A failed
+present; its result goes to `Datastore.set_metrics` with `ok=True` and `updated_at` the time the
+GET was sent: the engine rendered the page at some moment between sending and receiving, and a
+busy engine's answer can take tens of milliseconds to arrive after it rendered. Stamped at
+arrival, a request routed during the fetch (never in the page) would read as routed before the
+sample, and as late for its first token by the whole fetch (the first-token bound,
+extproc/scheduling/first_token.py, reads such lateness as a slow engine). A failed
 scrape keeps the last values with `ok=False` and the old `updated_at`, so every metric-based
 plugin scores the endpoint as saturated (extproc/scheduling/load.py: usable_metrics). Failures
 are logged once per transition per endpoint.
@@ -128,7 +133,8 @@ def family_query(families: tuple[bytes, ...] = FAMILIES) -> str:
 
 
 def parse_vllm_metrics(body: bytes, now: float) -> ModelServerMetrics:
-    """Extract the vLLM load signals from one exposition; ScrapeError when none is there."""
+    """Extract the vLLM load signals from one exposition, stamped `now` (when it was asked for);
+    ScrapeError when none is there."""
     waiting = samples(body, WAITING, want_labels=False)
     running = samples(body, RUNNING)
     kv = samples(body, KV_USAGE, want_labels=False) or samples(body, KV_USAGE_V0, want_labels=False)
@@ -271,14 +277,16 @@ class MetricsScraper:
 
     async def _fetch_and_parse(self, ep: Endpoint) -> ModelServerMetrics:
         target = self._target(ep)
+        sent = self._clock()  # the stamp (module docstring): no later than the page's render
         body = await self._fetch(ep, target)
         try:
-            return parse_vllm_metrics(body, self._clock())
+            return parse_vllm_metrics(body, sent)
         except ScrapeError:
             full = self._target(ep, filtered=False)
             if target == full:
                 raise
-        m = parse_vllm_metrics(await self._fetch(ep, full), self._clock())
+        sent = self._clock()
+        m = parse_vllm_metrics(await self._fetch(ep, full), sent)
         self._full_page.add(ep.key)
         log.info("the filtered metrics page lacks the load families; scraping the whole page",
                  extra={"endpoint": ep.key})

@@ -106,7 +106,7 @@ INTERLEAVED = [completion(PROMPTS[g][r]) for r in range(ROUNDS) for g in range(G
 
 
 async def test_a_shared_prefix_stays_on_one_engine_whose_cache_reuses_it(cold: list[Engine], tmp_path: Path) -> None:
-    picker = picker_for(tmp_path, [e.key for e in cold])
+    picker = picker_for(tmp_path, [e.key for e in cold], "--explain-decisions")
     picker.start()
     try:
         before = hits(cold)
@@ -118,7 +118,8 @@ async def test_a_shared_prefix_stays_on_one_engine_whose_cache_reuses_it(cold: l
     served = [headers[SERVED] for headers, _ in replies]
     for g in range(GROUPS):
         group = [served[r * GROUPS + g] for r in range(ROUNDS)]
-        assert len(set(group)) == 1, f"group {g} spread over {group}"
+        assert len(set(group)) == 1, (f"group {g} spread over {group}",
+                                      [replies[r * GROUPS + g][0].get(DECISION) for r in range(ROUNDS)])
         later = [replies[r * GROUPS + g][1] for r in range(1, ROUNDS)]
         assert all(cached(reply) >= 0.9 * reply["usage"]["prompt_tokens"] for reply in later), later
     assert routed == sum(cached(reply) for _, reply in replies)  # the engines' own counters agree

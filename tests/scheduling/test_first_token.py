@@ -147,3 +147,46 @@ def test_a_slow_replica_is_raised_behind_its_prefill_queue_and_a_faster_one_keep
     assert model.work(fast, 2.0).calibration_source == "prior" and model.work(fast, 2.0).slowdown == 1.0
     assert model.work(unseen, 2.0).calibration_source == "pool"
     assert model.work(unseen, 2.0).slowdown == pytest.approx(w.slowdown)
+
+
+def test_a_late_first_token_of_a_prompt_predicted_mostly_fixed_cost_proves_no_slow_prefill() -> None:
+    """A warm prompt predicted at 13 ms, 10 of them the fixed overhead, still without its first
+    token 100 ms on: the engine's per-request cost may be higher than the prior's, not its
+    prefill slower, so no bound; a cold prompt as late is a bound as before."""
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
+    ep = ds.snapshot()[0]
+    model = LatencyModel(LatencyConfig(prefill_ms_per_token=0.06, overhead_ms=10.0, decode_ms_per_seq=0.0),
+                         bytes_per_token=4, clock=lambda: 0.0)
+
+    def scrape(at: float, count: float) -> None:
+        ds.set_metrics(ep.key, ModelServerMetrics(waiting=0, running=1, ttft_sum_s=0.0, ttft_count=count,
+                                                  updated_at=at, ok=True))
+        model.work(ep, at)
+
+    scrape(0.0, 0)
+    warm = model.base_ttft_ms(ep, model.work(ep, 0.0), 50)  # 13 ms: 10 of overhead
+    model.routed(ep, 50, warm, 0.0)
+    token = model.admit(ep, 0.0, warm, 0.0, 50)
+    scrape(0.1, 0)  # 100 ms, 7.7x its prediction, and no first token
+    assert model.work(ep, 0.1).calibration_source == "prior"
+    assert model.work(ep, 0.1).slowdown == 1.0
+    model.leave(ep, token)
+    scrape(0.15, 1)
+    cold = model.base_ttft_ms(ep, model.work(ep, 0.15), 1000)  # 70 ms: mostly prefill
+    model.routed(ep, 1000, cold, 0.15)
+    model.admit(ep, 0.15, cold, 0.0, 1000)
+    scrape(0.65, 1)  # 500 ms without it: at least 500 / 70
+    w = model.work(ep, 0.65)
+    assert w.calibration_source == "first-token-wait"
+    assert w.slowdown == pytest.approx(500 / MARGIN / cold)
+
+
+def test_an_unreadable_request_among_the_oldest_draws_no_bound() -> None:
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0, 1000.0, readable=False)
+    f.add(2, 0.0, 100.0, 0.0, 1000.0)
+    assert f.observe(1, 0.5, 1.0)[0] is None  # which of the two lacks its first token is unknown
+    f.remove(1)
+    assert f.observe(1, 0.5, 1.0)[0] == pytest.approx(500 / MARGIN / 100)

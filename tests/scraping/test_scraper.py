@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ class FakeEngine:
     status: int = 200
     delay: float = 0.0
     hits: int = 0
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() when each GET arrived
 
 
 @pytest.fixture
@@ -39,6 +40,7 @@ async def engines() -> AsyncIterator[dict[int, FakeEngine]]:
 
         async def handle(_: web.Request, engine: FakeEngine = engine) -> web.Response:
             engine.hits += 1
+            engine.arrivals.append(time.monotonic())
             if engine.delay:
                 await asyncio.sleep(engine.delay)
             return web.Response(body=engine.body, status=engine.status, content_type="text/plain")
@@ -110,6 +112,27 @@ async def test_auto_tune_can_be_switched_off(engines: dict[int, FakeEngine]) -> 
         ep = ds.snapshot()[0]
         await wait_for(lambda: ep.metrics is not None and ep.metrics.ok)
         assert index.capacity(ep.key) == 777
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_scrape_is_stamped_when_it_was_asked_for_not_when_its_answer_came(
+        engines: dict[int, FakeEngine]) -> None:
+    """The page is rendered when the GET arrives and answered 150 ms later (a busy engine): the
+    sample describes the engine no later than that arrival, so requests routed while the answer
+    travelled must not read as routed before it (the first-token bound would call them late)."""
+    port = next(iter(engines))
+    engines[port].delay = 0.15
+    ds = Datastore()
+    ds.set_endpoints(specs([port]))
+    cfg = replace(CFG, refresh_metrics_interval_s=30.0, scrape_timeout_s=5.0)  # one scrape in the test
+    task = asyncio.create_task(MetricsScraper(cfg, ds, PrefixIndex(100)).run())
+    try:
+        ep = ds.snapshot()[0]
+        await wait_for(lambda: ep.metrics is not None and ep.metrics.ok)
+        assert ep.metrics is not None and len(engines[port].arrivals) == 1
+        assert ep.metrics.updated_at <= engines[port].arrivals[0]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
