@@ -99,10 +99,10 @@ async def test_a_groups_turns_land_on_one_endpoint_for_every_shape(default_stack
     async with aiohttp.ClientSession() as s:
         for group in range(GROUPS):
             home = backends[group % len(backends)]
+            first = {"test-epp-endpoint-selection": home}
             served = []
             for turn in range(TURNS):
                 path, body = make(group, turn)
-                first = {"test-epp-endpoint-selection": home}
                 r = await post(s, f"{default_stack.url}{path}", body, headers=None if turn else first)
                 assert r.status == 200, r.body[:300]
                 served.append(r.served_by)

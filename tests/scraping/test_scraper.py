@@ -26,8 +26,11 @@ class FakeEngine:
     body: bytes
     status: int = 200
     delay: float = 0.0
-    hits: int = 0
     arrivals: list[float] = field(default_factory=list)  # time.monotonic() when each GET arrived
+
+    @property
+    def hits(self) -> int:
+        return len(self.arrivals)
 
 
 @pytest.fixture
@@ -39,7 +42,6 @@ async def engines() -> AsyncIterator[dict[int, FakeEngine]]:
         engine = state[port] = FakeEngine(exposition(0, 0, 0.0))
 
         async def handle(_: web.Request, engine: FakeEngine = engine) -> web.Response:
-            engine.hits += 1
             engine.arrivals.append(time.monotonic())
             if engine.delay:
                 await asyncio.sleep(engine.delay)
