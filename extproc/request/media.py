@@ -19,8 +19,19 @@ Work is bounded: a payload up to `FULL_HASH_BYTES` (2 MiB) is hashed whole; a lo
 length, its first and its last `FULL_HASH_BYTES // 2` bytes, so a 50 MB data URL costs the same
 2 MiB of hashing as a 2 MB one (two huge images that differ only in their middle then route
 alike: routing only, the engine still tells them apart). The payload is never base64-decoded;
-at most `FULL_HASH_BYTES` of it is encoded for the digest. Markers are a few dozen bytes, so
-an image never fills the prefix blocks that the text after it needs.
+at most `FULL_HASH_BYTES` of it is encoded for the digest.
+
+Weight: the engine spends hundreds of prompt tokens on one image (LLaVA-1.5 576, Gemma 3 256,
+Qwen2.5-VL about one per 28x28 pixels: 1,344 at 1024x1024), plus the encoder pass, all of
+which a warm cache saves. A marker of a few dozen bytes would count as a handful of tokens, so a
+follow-up turn about a cached image would weigh its warm endpoint at almost nothing and go to
+whichever endpoint is measured fastest. So `part_identity` follows the marker with
+`MEDIA_TOKENS` (576) tokens' worth of fixed filler (`MEDIA_BYTES`, at the picker's ~4 bytes per
+token): the prefix blocks after the marker chain from it, so they are as distinct as the marker,
+and the cost model prices the item as a typical image (the slowdown and bytes-per-token
+calibration absorb a model whose images cost more or less). 36 blocks of the default 64 bytes,
+far inside `--prefix-max-blocks`; the filler is one shared constant, copied once into the
+segment.
 """
 
 from __future__ import annotations
@@ -29,8 +40,13 @@ from typing import Any
 
 import xxhash
 
+from extproc.config.settings import PrefixConfig
+
 FULL_HASH_BYTES = 2 * 1024 * 1024
+MEDIA_TOKENS = 576  # prompt tokens one media item is priced at (see the module docstring)
+MEDIA_BYTES = MEDIA_TOKENS * PrefixConfig.bytes_per_token
 _MARK = b"\x1d"
+_FILLER = b"\x1d" * MEDIA_BYTES
 
 
 def _digest(text: str) -> str:
@@ -64,8 +80,7 @@ def _url_of(part: dict[str, Any], kind: str) -> str | None:
     return ref if isinstance(ref, str) else None
 
 
-def part_identity(part: dict[str, Any]) -> bytes:
-    """The marker of a non-text content part (see the module docstring)."""
+def _marker(part: dict[str, Any]) -> bytes:
     uuid = part.get("uuid")
     if isinstance(uuid, str) and uuid:
         return _MARK + b"uuid:" + uuid.encode()
@@ -75,3 +90,9 @@ def part_identity(part: dict[str, Any]) -> bytes:
     if url is not None:
         return url_identity(url) if kind != "input_audio" else _MARK + b"media:" + _digest(url).encode()
     return _MARK + kind.encode()
+
+
+def part_identity(part: dict[str, Any]) -> bytes:
+    """What a non-text content part contributes to its segment: its marker, then the filler that
+    gives it a media item's weight (see the module docstring)."""
+    return _marker(part) + _FILLER

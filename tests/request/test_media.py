@@ -6,7 +6,8 @@ import base64
 
 import orjson
 
-from extproc.request.media import FULL_HASH_BYTES, part_identity, url_identity
+from extproc.prefix.hashing import block_hashes
+from extproc.request.media import FULL_HASH_BYTES, MEDIA_BYTES, part_identity, url_identity
 from extproc.request.openai import Api, parse_request
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8).decode()
@@ -58,4 +59,22 @@ def test_a_huge_data_url_costs_bounded_work_and_leaves_the_text_after_it_hashed(
     p = parse_request(Api.CHAT, orjson.dumps({"model": "m", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{huge}"}}]},
         {"role": "user", "content": "the question"}]}))
-    assert sum(map(len, p.segments)) < 200  # the image is a marker: the next message keeps its blocks
+    # The image is its marker and a fixed filler, not its payload: the next message keeps its blocks.
+    assert sum(map(len, p.segments)) < MEDIA_BYTES + 200
+
+
+def test_an_image_weighs_as_a_media_item_and_its_blocks_are_its_own() -> None:
+    """The engine spends hundreds of tokens on an image: the part counts MEDIA_BYTES (MEDIA_TOKENS
+    at ~4 bytes per token) whatever its payload's size, and two images that differ share no block
+    from the one holding their markers on."""
+    small = parse_request(Api.CHAT, _chat(f"data:image/png;base64,{PNG}"))
+    big = parse_request(Api.CHAT, _chat(f"data:image/png;base64,{'A' * 400_000}"))
+    text = parse_request(Api.CHAT, orjson.dumps({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "describe"}]}]}))
+    weight = sum(map(len, text.segments)) + MEDIA_BYTES
+    assert weight < sum(map(len, small.segments)) == sum(map(len, big.segments)) < weight + 64
+    a = block_hashes(small.segments, "m", block_size=64, max_blocks=4096)
+    b = block_hashes(parse_request(Api.CHAT, _chat(f"data:image/png;base64,{OTHER}")).segments, "m",
+                     block_size=64, max_blocks=4096)
+    assert len(a) == len(b) >= MEDIA_BYTES // 64
+    assert not set(a) & set(b)  # "describe" and the marker share the first block

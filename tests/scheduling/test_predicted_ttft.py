@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import replace
 
+import orjson
 import pytest
 
 from extproc.config.settings import EppConfig, LatencyConfig, PrefixConfig
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
 from extproc.prefix.hashing import block_hashes
 from extproc.prefix.index import PrefixIndex
+from extproc.request.media import MEDIA_TOKENS
+from extproc.request.openai import Api, parse_request
 from extproc.scheduling.build import build_scheduler, default_profile
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.scheduler import Scheduler
@@ -281,3 +285,32 @@ def test_an_engine_calibrated_far_below_the_prior_still_prefers_its_cache() -> N
         d = s.schedule(request(system + b"%02d" % i, f"r{i}"), eps)
         assert d.primary is eps[1]
         s.finished(d, d.primary)  # one at a time: bounded reuse (reuse.py) is not what this tests
+
+
+def test_a_follow_up_turn_about_an_image_keeps_the_endpoint_that_holds_it() -> None:
+    """A conversation about an image: its text is a few dozen tokens, the image hundreds on the
+    engine. The warm endpoint's saving is the image's weight (extproc/request/media.py), which
+    outweighs another endpoint measured a little faster."""
+    image = base64.b64encode(bytes(range(256)) * 64).decode()
+
+    def turn(n: int) -> SchedulingRequest:
+        messages: list[dict[str, object]] = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
+            {"type": "text", "text": "describe the picture"}]}]
+        for t in range(n):
+            messages += [{"role": "assistant", "content": f"answer {t}"}, {"role": "user", "content": f"more {t}"}]
+        parsed = parse_request(Api.CHAT, orjson.dumps({"model": "m", "messages": messages}))
+        hashes = block_hashes(parsed.segments, "m", block_size=PrefixConfig().block_size_bytes, max_blocks=4096)
+        return SchedulingRequest(request_id=f"r{n}", model="m", block_hashes=hashes,
+                                 prompt_bytes=sum(map(len, parsed.segments)))
+
+    clock = Clock()
+    eps = pool(3)
+    index = PrefixIndex(100_000)
+    index.record(eps[1].key, turn(0).block_hashes)
+    s = scheduler(clock, index)
+    ttft_scorer(s).model.work(eps[0], clock.now).slowdown = 0.8  # 20% faster than the others
+    d = s.schedule(turn(1), eps)
+    assert d.primary is eps[1] and d.request is not None
+    saving = d.request.predictions[eps[2].key][1] - d.request.predictions[eps[1].key][1]
+    assert saving >= MEDIA_TOKENS
