@@ -71,6 +71,23 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def consecutive_free_ports(n: int, attempts: int = 50) -> int:
+    """First of n consecutive ports on 127.0.0.1 that were all free a moment ago (a peer that
+    offsets one base port by each replica's rank, as llm-d's KV-event subscriber does, needs them)."""
+    low, high = _server_port_range()
+    for _ in range(attempts):
+        base = _PORTS.randint(low, high - n + 1)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + n):
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports in {low}-{high}")
+
+
 def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0,
                   proc: subprocess.Popen[bytes] | None = None) -> None:
     """Block until something accepts TCP connections on host:port, or fail."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.scraping.prom_text import samples
-from testkit.procs import Proc, free_ports
+from testkit.procs import Proc, consecutive_free_ports, free_ports
 from testkit.vllm_env import MODEL_NAME, VllmEnv, ensure
 
 BLOCK_SIZE = 32
@@ -166,8 +166,12 @@ def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME) -> Itera
     env = ensure()
     cores = os.cpu_count() or 1
     out = []
+    # KV-event and replay ports consecutive across the engines: a subscriber that dials one base
+    # port plus each engine's rank (llm-d's precise-prefix producer) reaches every engine.
+    events_base = consecutive_free_ports(2 * n)
+    http_ports = [p for p in free_ports(2 * n + n) if not events_base <= p < events_base + 2 * n][:n]
     for i in range(n):
-        port, events, replay = free_ports(3)
+        port, events, replay = http_ports[i], events_base + i, events_base + n + i
         workdir = tmp / f"vllm{i}"
         workdir.mkdir(parents=True, exist_ok=True)
         out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i % cores,

@@ -49,7 +49,6 @@ sockets, which they publish for every setup); `clairvoyant` has no counterpart t
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +57,7 @@ from bench.lib import go_epp, llmd
 from bench.lib.oracle import BLOCK_SIZE
 from extproc.commands.envoy_config import build_config, render
 from testkit.envoy import envoy_binary, plain_envoy_config
-from testkit.procs import Proc, free_ports, prefix_epp, python_module, running, wait_for_port
+from testkit.procs import Proc, consecutive_free_ports, free_ports, prefix_epp, python_module, running, wait_for_port
 
 ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
 ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-weighted", "prefix-epp-precise", "go-epp", *llmd.SETUPS,
@@ -112,27 +111,6 @@ class SimSettings:
     clairvoyant: bool = False  # the simulator also serves its clairvoyant front
     sim_args: tuple[str, ...] = ()  # further `prefix-epp sim` flags (a cost profile, --tokenizer)
     picker_args: tuple[str, ...] = ()  # what the prefix-epp setups add for these replicas (--tokenizer)
-
-
-def consecutive_free_ports(n: int, attempts: int = 50) -> int:
-    """First of n consecutive ports on 127.0.0.1 that were all free a moment ago."""
-    for _ in range(attempts):
-        base = free_ports(1)[0]
-        if base + n > 65535:
-            continue
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports found")
 
 
 @contextlib.contextmanager

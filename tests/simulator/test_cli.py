@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import socket
@@ -12,7 +11,14 @@ from pathlib import Path
 
 from prefix_epp_sim import cli
 from prefix_epp_sim.config import SimConfig
-from testkit.procs import free_port, free_ports, prefix_epp, python_module, running, wait_for_port
+from testkit.procs import (
+    consecutive_free_ports,
+    free_ports,
+    prefix_epp,
+    python_module,
+    running,
+    wait_for_port,
+)
 
 
 def test_parser_defaults_are_simconfig_defaults() -> None:
@@ -76,21 +82,6 @@ def serve_and_stop(argv: list[str], port: int, replicas: int, tmp_path: Path) ->
         assert proc.popen.wait(timeout=10) == 0
         log = proc.log_text()
     assert "sim_replica_started" in log and secret not in log
-
-
-def consecutive_free_ports(n: int) -> int:
-    """First of n consecutive ports on 127.0.0.1 that were free a moment ago."""
-    for _ in range(50):
-        base = free_port()
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + n):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def test_module_process_serves_many_replicas_and_stops_on_sigterm(tmp_path: Path) -> None:
