@@ -178,7 +178,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--prefix-scorer", "kv_events.prefix_scorer", choice("approximate", "precise"), KV_EVENTS,
          "prefix scorer of the default profile; precise subscribes to the engines' KV events", profile_only=True),
     Flag("--kv-events", "kv_events.enabled", BOOL, KV_EVENTS,
-         "subscribe to KV events and compare both scorers' predictions even when the approximate scorer routes"),
+         "subscribe to KV events and compare both scorers' predictions even when the approximate scorer routes "
+         "(only the sampled requests, --usage-sample-rate, are tokenized for it)"),
     Flag("--kv-events-port", "kv_events.port", INT, KV_EVENTS, "engine KV-events publisher port on the endpoint's "
          "host (per endpoint: host:port@tcp://h:p)", PORT),
     Flag("--kv-events-replay-port", "kv_events.replay_port", INT, KV_EVENTS,

@@ -74,6 +74,8 @@ class RequestContext:
     tokens: list[int] | None = None  # from an asynchronous tokenizer (prepare)
     session: str = ""  # the session header's value (affinity hint): only ever hashed
     affinity_source: str = ""  # set by route: where the request's affinity hint came from, if any
+    sampled: bool | None = None  # the usage sampler's answer for this request (None: not asked yet)
+    explain: bool = False  # the decision is explained in a response header (--explain-decisions)
 
 
 def _matches(ep: Endpoint, wanted: set[str]) -> bool:
@@ -108,6 +110,7 @@ class Director:
         rng: random.Random | None = None,
         precise: PreciseKeys | None = None,
         tokenizer: Tokenizer | None = None,
+        routes_on_tokens: bool = True,
     ) -> None:
         self.config = config
         self.datastore = datastore
@@ -117,6 +120,7 @@ class Director:
         self._rng = rng or random.Random()
         self.precise = precise
         self.tokenizer = tokenizer if precise is not None else None
+        self.routes_on_tokens = routes_on_tokens  # False: --kv-events alone, the precise scorer only compared
         self.feedback: Report | None = None  # closed-loop reporter (EppMetrics.observe_cached_prediction)
         self.usage_sampler = UsageSampler(config.usage_sample_rate)
 
@@ -156,7 +160,7 @@ class Director:
         request.affinity_hash, ctx.affinity_source = affinity_hint(
             self.config.affinity, parsed.model, parsed.cache_salt, parsed.affinity_key, ctx.session,
             parsed.previous_response_id)
-        if self.precise is not None:
+        if self.precise is not None and self.wants_tokens(ctx):
             request.token_keys = self._token_keys(ctx, parsed)
             tokens = len(ctx.tokens or ())
             # Tokenization stops at the precise index's reach: a longer prompt is estimated from its bytes.
@@ -199,15 +203,24 @@ class Director:
     # -- precise prefix routing and the closed loop --------------------------------------------
     @property
     def tokenizes_async(self) -> bool:
-        """True when routing needs `prepare` first: precise mode tokenizes off the event loop."""
+        """True when routing may need `prepare` first: with KV events, tokens come off the event loop."""
         return self.tokenizer is not None
+
+    def wants_tokens(self, ctx: RequestContext) -> bool:
+        """Tokenize this request? Always when the scheduler routes on the precise index. With
+        --kv-events alone the approximate scorer routes and the precise one is only compared, so
+        only the requests whose predictions are compared (the usage sample, `ctx.sampled`) or
+        explained pay for tokenizing, not every request on its way to the engine; one not asked
+        yet (`sampled` None: an in-process caller) is tokenized. The precise index then holds the
+        engines' events and the sampled requests' speculative records, not every routed one."""
+        return self.tokenizer is not None and (self.routes_on_tokens or ctx.sampled is not False or ctx.explain)
 
     async def prepare(self, ctx: RequestContext, body: bytes) -> None:
         """Parse, then tokenize off the event loop (a worker thread, or the engine's /tokenize).
 
         Errors surface later in `route`.
         """
-        if self.tokenizer is None:
+        if self.tokenizer is None or not self.wants_tokens(ctx):
             return
         try:
             ctx.parsed = parse_request(api_from_path(ctx.path), body)

@@ -225,6 +225,11 @@ class KVEventsManager:
         self.index.record_speculative(endpoint, keys, self._clock())
 
 
+def precise_routing(config: KVEventsConfig, scorer_types: Sequence[str]) -> bool:
+    """The scheduler routes on the precise index: --prefix-scorer precise, or a profile with its scorer."""
+    return config.prefix_scorer == "precise" or "precise-prefix-cache-scorer" in scorer_types
+
+
 def kv_events_wanted(config: KVEventsConfig, scorer_types: Sequence[str]) -> bool:
     """Subscribe when asked (--kv-events), or when a scorer of the profile needs the precise index."""
-    return config.enabled or config.prefix_scorer == "precise" or "precise-prefix-cache-scorer" in scorer_types
+    return config.enabled or precise_routing(config, scorer_types)

@@ -28,7 +28,7 @@ from extproc.control.director import Director
 from extproc.core.background import Supervised, supervise
 from extproc.core.datastore import Datastore, Endpoint
 from extproc.discovery.static import load_static
-from extproc.kvevents.manager import KVEventsManager, kv_events_wanted
+from extproc.kvevents.manager import KVEventsManager, kv_events_wanted, precise_routing
 from extproc.prefix.index import PrefixIndex
 from extproc.runtime.workers import WorkerRole
 from extproc.scheduling.build import Profile, build_scheduler, default_profile
@@ -101,7 +101,8 @@ class App:
             self.scraper = MetricsScraper(cfg, self.datastore, self.index)
         self.director = Director(cfg, self.datastore, self.scheduler, admission=self.detector.admit,
                                  priority_of=self.discovery.priority_of if self.discovery else None,
-                                 precise=self.kv_events, tokenizer=self.tokenizer)
+                                 precise=self.kv_events, tokenizer=self.tokenizer,
+                                 routes_on_tokens=precise_routing(cfg.kv_events, scorer_types))
         self.metrics = EppMetrics(self.datastore, self.index, cfg.pool_name, cfg.metrics_staleness_threshold_s,
                                   cfg.model_names)
         if self.scraper is not None:

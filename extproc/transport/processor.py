@@ -38,8 +38,9 @@ other reply and whenever its static request or response body mode is FULL_DUPLEX
 FULL_DUPLEX_STREAMED response bodies (the reference configuration) every chunk is echoed back and
 only sampled requests feed the usage parser (and `/v1/responses` the id reader).
 
-With an asynchronous tokenizer (precise mode) the complete body is first handed to
-`Director.prepare`, awaited, before routing, so tokenization never runs on the event loop.
+With KV events (a tokenizer) the complete body is first handed to `Director.prepare`, awaited,
+before routing, so tokenization never runs on the event loop; with --kv-events alone only for the
+requests the usage sampler picks (`Director.wants_tokens`).
 Errors end the exchange with an ImmediateResponse whose body is OpenAI-style JSON
 (extproc/core/errors.py). `run` guards the whole exchange: any unexpected exception becomes a 500 with
 the request id, counted in the error metrics and logged once with its traceback (never the
@@ -95,7 +96,7 @@ _refused_modes_logged: set[int] = set()
 
 class StreamProcessor:
     __slots__ = ("_director", "_endpoint", "_explain", "_headers_seen", "_intake", "_metrics", "_model",
-                 "_new_request_id", "_request_mode", "_response_mode", "_sampled", "_session_header",
+                 "_new_request_id", "_request_mode", "_response_mode", "_session_header",
                  "_test_selection", "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
@@ -106,7 +107,7 @@ class StreamProcessor:
         self._headers_seen = False
         self._metrics = metrics
         self._explain = explain
-        self.ctx = RequestContext()
+        self.ctx = RequestContext(explain=explain)
         self._model = ""  # the routed request's model, kept for the metrics once ctx.parsed is dropped
         self._new_request_id: str | None = None
         self._endpoint: Endpoint | None = None
@@ -114,7 +115,6 @@ class StreamProcessor:
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _NONE
         self._usage: ResponseWatch | None = None
-        self._sampled: bool | None = None  # asked of the usage sampler at request headers, or not yet
         self._session_header = header_to_read(cfg.affinity)  # "": no header name is empty
         self._test_selection = cfg.test_endpoint_selection
 
@@ -169,9 +169,14 @@ class StreamProcessor:
             body = msg.request_body
             intake = self._intake
             if body.end_of_stream and not intake.done and self._director.tokenizes_async:
+                ctx = self.ctx
+                if ctx.sampled is None:
+                    # Full-duplex responses: the sampler is asked here, not after routing, as tokenizing
+                    # depends on it. Other modes settled it at the headers or never read the response.
+                    ctx.sampled = self._director.usage_sampler.take() if self._response_mode == _FULL_DUPLEX else False
                 last = body.body
-                if intake.fits(last):
-                    await self._director.prepare(self.ctx, intake.peek(last))
+                if intake.fits(last) and self._director.wants_tokens(ctx):
+                    await self._director.prepare(ctx, intake.peek(last))
                 del last
             return self.on_request_body(body)
         if kind == "request_trailers":
@@ -221,10 +226,10 @@ class StreamProcessor:
             resp = R.empty_request_headers()
         if self._response_mode != _FULL_DUPLEX and not resp.HasField("immediate_response"):
             # Envoy honours mode_override only in a headers reply and without full-duplex bodies.
-            self._sampled = self._director.usage_sampler.take()
+            ctx.sampled = self._director.usage_sampler.take()
             # Response headers only when read: to explain, or to learn which of several endpoints served.
             headers = self._explain or self._director.config.max_endpoints > 1
-            body = self._sampled or self._director.learns_response_id(ctx)  # usage sample, response id
+            body = ctx.sampled or self._director.learns_response_id(ctx)  # usage sample, response id
             R.override_response_mode(resp, self._request_mode, headers=headers, body=body)
         return [resp]
 
@@ -281,8 +286,8 @@ class StreamProcessor:
         self._metrics.observe_decision(time.perf_counter() - start)
         self.decision = decision
         self._endpoint = decision.primary
-        if self._sampled or self._response_mode == _FULL_DUPLEX or self._director.learns_response_id(ctx):
-            self._usage = self._director.watch_response(ctx, decision, sampled=self._sampled)  # else no body comes
+        if ctx.sampled or self._response_mode == _FULL_DUPLEX or self._director.learns_response_id(ctx):
+            self._usage = self._director.watch_response(ctx, decision, sampled=ctx.sampled)  # else no body comes
         if decision.total_blocks:
             self._metrics.observe_hit_ratio(decision.matched_blocks / decision.total_blocks)
         api = ctx.parsed.api.value if ctx.parsed is not None else ""

@@ -17,8 +17,9 @@ from extproc.control.usage import (
     predictions,
 )
 from extproc.core.datastore import EndpointSpec
+from extproc.pb import envoy_processing_mode_pb2 as mode
 from extproc.pb import external_processor_pb2 as pb
-from testkit.extproc_stream import body_msgs, completion, drive, headers_msg, make_app
+from testkit.extproc_stream import BUFFERED, body_msgs, completion, drive, headers_msg, make_app
 from testkit.kvevents import events_stack
 
 
@@ -135,3 +136,33 @@ def test_usage_sampler_takes_its_share_evenly() -> None:
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="sample rate"):
             UsageSampler(bad)
+
+
+def buffered_headers() -> pb.ProcessingRequest:
+    """The default wiring: a buffered request body, no response body unless the picker asks for it."""
+    msg = headers_msg(body_mode=BUFFERED)
+    msg.protocol_config.response_body_mode = mode.ProcessingMode.NONE  # type: ignore[assignment]
+    return msg
+
+
+@pytest.mark.parametrize("wiring", ["buffered", "full-duplex"])
+@pytest.mark.parametrize(("scorer", "rate", "explain", "tokenized"), [
+    ("approximate", 0.0, False, False),  # --kv-events alone: nothing compared, nothing tokenized
+    ("approximate", 1.0, False, True),  # the sampled request's two predictions are compared
+    ("approximate", 0.0, True, True),  # an explained decision shows the precise match too
+    ("precise", 0.0, False, True),  # precise routing tokenizes every request
+])
+async def test_kv_events_alone_tokenizes_only_the_requests_it_compares(
+        wiring: str, scorer: str, rate: float, explain: bool, tokenized: bool) -> None:
+    app = make_app(1, kv_events=KVEventsConfig(enabled=True, prefix_scorer=scorer), usage_sample_rate=rate)
+    assert app.kv_events is not None
+    recorded: list[int] = []  # the precise index's speculative records: one per tokenized request
+    app.kv_events.on_record(lambda _endpoint, keys: recorded.append(len(keys)))
+    head = buffered_headers() if wiring == "buffered" else headers_msg()
+    prompt = "hello " * 200  # 200 builtin tokens: 12 blocks of 16
+    await drive(app, [head, *body_msgs(completion(prompt)), response_headers(),
+                      *body_msgs(sse(200, 0), 100, response=True)], explain=explain)
+    assert recorded == ([12] if tokenized else [])
+    compared = app.metrics.registry.get_sample_value("prefix_epp_cached_tokens_predictions_total",
+                                                     {"scorer": "precise"})
+    assert (compared or 0) == (1 if rate == 1.0 else 0)
