@@ -46,7 +46,7 @@ FULL_HASH_BYTES = 2 * 1024 * 1024
 MEDIA_TOKENS = 576  # prompt tokens one media item is priced at (see the module docstring)
 MEDIA_BYTES = MEDIA_TOKENS * PrefixConfig.bytes_per_token
 _MARK = b"\x1d"
-_FILLER = b"\x1d" * MEDIA_BYTES
+_FILLER = _MARK * MEDIA_BYTES
 
 
 def _digest(text: str) -> str:
