@@ -169,7 +169,7 @@ def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME) -> Itera
     # KV-event and replay ports consecutive across the engines: a subscriber that dials one base
     # port plus each engine's rank (llm-d's precise-prefix producer) reaches every engine.
     events_base = consecutive_free_ports(2 * n)
-    http_ports = [p for p in free_ports(2 * n + n) if not events_base <= p < events_base + 2 * n][:n]
+    http_ports = [p for p in free_ports(3 * n) if not events_base <= p < events_base + 2 * n][:n]
     for i in range(n):
         port, events, replay = http_ports[i], events_base + i, events_base + n + i
         workdir = tmp / f"vllm{i}"

@@ -220,7 +220,7 @@ class Director:
 
         Errors surface later in `route`.
         """
-        if self.tokenizer is None or not self.wants_tokens(ctx):
+        if self.tokenizer is None or not self.wants_tokens(ctx):  # the first test narrows the type
             return
         try:
             ctx.parsed = parse_request(api_from_path(ctx.path), body)

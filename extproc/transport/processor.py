@@ -95,7 +95,7 @@ _refused_modes_logged: set[int] = set()
 
 
 class StreamProcessor:
-    __slots__ = ("_director", "_endpoint", "_explain", "_headers_seen", "_intake", "_metrics", "_model",
+    __slots__ = ("_director", "_endpoint", "_headers_seen", "_intake", "_metrics", "_model",
                  "_new_request_id", "_request_mode", "_response_mode", "_session_header",
                  "_test_selection", "_usage", "ctx", "decision")
 
@@ -106,7 +106,6 @@ class StreamProcessor:
         self._intake = BodyIntake(budget, cfg.max_request_body_bytes, cfg.request_body_timeout_s)
         self._headers_seen = False
         self._metrics = metrics
-        self._explain = explain
         self.ctx = RequestContext(explain=explain)
         self._model = ""  # the routed request's model, kept for the metrics once ctx.parsed is dropped
         self._new_request_id: str | None = None
@@ -228,7 +227,7 @@ class StreamProcessor:
             # Envoy honours mode_override only in a headers reply and without full-duplex bodies.
             ctx.sampled = self._director.usage_sampler.take()
             # Response headers only when read: to explain, or to learn which of several endpoints served.
-            headers = self._explain or self._director.config.max_endpoints > 1
+            headers = self.ctx.explain or self._director.config.max_endpoints > 1
             body = ctx.sampled or self._director.learns_response_id(ctx)  # usage sample, response id
             R.override_response_mode(resp, self._request_mode, headers=headers, body=body)
         return [resp]
@@ -358,9 +357,9 @@ class StreamProcessor:
                 if self._usage is not None:
                     self._usage.endpoint = self._endpoint.key  # a response id is recorded there
         extra: tuple[tuple[str, str], ...] = ()
-        if self._explain and self.decision is not None:
+        if self.ctx.explain and self.decision is not None:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
-        elif self._explain and self._endpoint is not None:
+        elif self.ctx.explain and self._endpoint is not None:
             extra = ((EXPLAIN_HEADER, f"endpoint={self._endpoint.key}; bodiless"),)
         if headers.end_of_stream:
             self._usage = None
