@@ -25,12 +25,16 @@ each response end the picker sees is a sample, for a request whose output length
 (max_tokens):
     observed  = (end - routed) - the slot wait charged
     predicted = base(B + uncached) at routing + max_tokens x (decode_step_ms + decode_ms_per_seq x running)
-and once MIN_ENDS (8) samples are in, ratio = sum observed / sum predicted and slowdown moves
-towards it as bytes per token does (the first window replaces the prior, the n-th weighs 1/n
-until that falls to ALPHA). A request that stops before max_tokens reads as a faster engine; the TTFT histogram,
-where exported, is used instead. slowdown is clamped to [min_slowdown, max_slowdown] (0.1-50 by
-default: a CPU build or an old GPU against an H100 prior). Where neither source is available
-the prior stands (`calibration_source` says which one the slowdown comes from). An endpoint
+and once MIN_ENDS (8) samples are in, ratio = the median of their observed / predicted and
+slowdown moves towards it as bytes per token does (the first window replaces the prior, the n-th
+weighs 1/n until that falls to ALPHA). The median, not the ratio of the sums: a response end also
+holds what is not the engine's (a client that reads its stream slowly, a pause of the host), and
+one such sample among eight would move a fast endpoint's slowdown several-fold; an endpoint read
+slow is then spared and gets no samples to correct it. A request that stops before max_tokens
+reads as a faster engine; the TTFT histogram, where exported, is used instead. slowdown is
+clamped to [min_slowdown, max_slowdown] (0.1-50 by default: a CPU build or an old GPU against
+an H100 prior). Where neither source is available the prior stands (`calibration_source` says
+which one the slowdown comes from). An endpoint
 not yet calibrated itself takes the pool's calibration (the geometric mean of the calibrated
 endpoints' slowdowns, source "pool") rather than the prior: replicas of one pool mostly run on
 like hardware, and a calibrated endpoint weighed against one still at a prior 10x off would win
@@ -139,12 +143,16 @@ class Calibration:
 
     def _calibrate_from_end(self, w: EndpointWork, elapsed_ms: float, routing: Routing) -> None:
         """One response end as a calibration sample where the engine exports no TTFT histogram."""
-        w.ends_observed_ms += max(0.0, elapsed_ms - routing.wait_ms)
-        w.ends_predicted_ms += routing.base_ms + routing.decode_ms
-        w.ends += 1
-        if w.ends < MIN_ENDS:
+        predicted = routing.base_ms + routing.decode_ms
+        if predicted <= 0:
             return
-        if w.ends_predicted_ms > 0:
-            w.ends_windows += 1
-            self._move_slowdown(w, w.ends_observed_ms / w.ends_predicted_ms, w.ends_windows, "response-ends")
-        w.ends_observed_ms, w.ends_predicted_ms, w.ends = 0.0, 0.0, 0
+        ratios = w.end_ratios
+        ratios.append(max(0.0, elapsed_ms - routing.wait_ms) / predicted)
+        if len(ratios) < MIN_ENDS:
+            return
+        ratios.sort()
+        half = len(ratios) // 2
+        median = ratios[half] if len(ratios) % 2 else (ratios[half - 1] + ratios[half]) / 2
+        ratios.clear()
+        w.ends_windows += 1
+        self._move_slowdown(w, median, w.ends_windows, "response-ends")

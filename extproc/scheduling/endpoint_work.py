@@ -44,10 +44,8 @@ class EndpointWork:
     requests: float = -1.0
     bytes_routed: float = 0.0
     bytes_requests: int = 0
-    # Response-end calibration window (no TTFT histogram): observed and predicted sums, samples.
-    ends_observed_ms: float = 0.0
-    ends_predicted_ms: float = 0.0
-    ends: int = 0
+    # Response-end calibration window (no TTFT histogram): observed / predicted per sample (<= MIN_ENDS).
+    end_ratios: list[float] = field(default_factory=list)
     ends_windows: int = 0  # response-end windows measured so far
     calibration_source: str = "prior"  # "prior", "pool", "ttft-histogram", "response-ends", "first-token-wait"
     slots: SlotState = field(default_factory=SlotState)

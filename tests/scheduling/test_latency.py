@@ -248,6 +248,27 @@ def test_slowdown_is_learned_from_response_ends_without_a_ttft_histogram() -> No
     assert w.slowdown == 50.0
 
 
+def test_one_slow_response_end_does_not_move_the_slowdown() -> None:
+    """A window's ratio is the median of its samples: one response that ended 40x late (a client
+    reading its stream slowly, a pause of the host) among eight at 2x reads as 2x, where the ratio
+    of the sums would read ~6.8x and spare a fast endpoint until its next eight answers, which
+    being spared it would not get."""
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    scrape(ds, ep, clock.now)
+    w = model.work(ep, clock.now)
+    started = clock.now
+    for ratio in (2.0, 2.0, 40.0, 2.0, 2.0, 2.0, 2.0, 2.0):
+        clock.now = started + 0.26 * ratio
+        model.response_ended(ep, Routing(ep.key, started, 100.0, 0.0, 160.0), clock.now)
+    assert w.slowdown == pytest.approx(2.0) and w.calibration_source == "response-ends"
+    for ratio in (3.0, 40.0, 40.0, 3.0, 5.0, 40.0, 3.0, 40.0):  # half of them late: the median moves
+        clock.now = started + 0.26 * ratio
+        model.response_ended(ep, Routing(ep.key, started, 100.0, 0.0, 160.0), clock.now)
+    assert w.slowdown == pytest.approx(2.0 + 0.5 * ((5.0 + 40.0) / 2 - 2.0))
+
+
 def test_the_default_slowdown_range_covers_a_cpu_engine_and_a_fast_one() -> None:
     c = LatencyConfig()
     assert (c.min_slowdown, c.max_slowdown) == (0.1, 50.0)
