@@ -9,7 +9,11 @@ whatever runs are there into bench/results/scale.json, scale.md and the scale-*.
   4, 16, 64, 256 endpoints x 1k, 8k, 32k, 128k-token prompts, approximate and precise, the index
   at capacity;
 - `tokenize`: the builtin tokenizer on 128k-token prompts, cold and with a cached prefix;
-- `memory`: resident memory of each index at capacity against endpoints (a fresh process each).
+- `memory`: resident memory of each index at capacity against endpoints (a fresh process each);
+- `stalls` (bench/scale_stalls.py): the longest pause an index update puts on the event loop,
+  each index churned at capacity for one turnover at 16, 64, 256 endpoints (a fresh process each).
+  `--label L` tags a run's rows (`code`: L) and its files (scale-stalls-L-r<k>.json), so a run
+  of an earlier commit's index (the same bench file in its tree) renders beside the current one.
 Without `--part`, every part runs and the results are rendered. `--quick`: fewer requests and
 seconds, for a look (not for committed figures).
 """
@@ -28,8 +32,10 @@ from typing import Any
 
 from bench.scale_decide import decision_cells, tokenize
 from bench.scale_scrape import client_costs, scrape_costs
+from bench.scale_stalls import turnover
 
-PARTS = ("scrape", "decision", "tokenize", "memory")
+PARTS = ("scrape", "decision", "tokenize", "memory", "stalls")
+STALL_SIZES = (16, 64, 256)
 SIZES = (4, 16, 64, 256)
 LENGTHS = (1000, 8000, 32000, 128000)
 MODES = ("approximate", "precise")
@@ -40,7 +46,16 @@ def requests_for(tokens: int, quick: bool) -> int:
     return max(20, n // 10) if quick else n
 
 
-def run_part(part: str, quick: bool, log_dir: Path) -> list[dict[str, Any]]:
+def _fresh(call: str) -> dict[str, Any]:
+    """`call` (an expression of bench.scale_decide / bench.scale_stalls) in a fresh process: its JSON."""
+    out = subprocess.run([sys.executable, "-c", "import json; from bench.scale_decide import index_memory; "
+                          f"from bench.scale_stalls import index_stalls; print(json.dumps({call}))"],
+                         check=True, capture_output=True, text=True)
+    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return row
+
+
+def run_part(part: str, quick: bool, log_dir: Path, label: str = "") -> list[dict[str, Any]]:
     if part == "scrape":
         return [client_costs(log_dir), *scrape_costs(SIZES, 3.0 if quick else 10.0, log_dir)]
     if part == "decision":
@@ -55,18 +70,23 @@ def run_part(part: str, quick: bool, log_dir: Path) -> list[dict[str, Any]]:
     if part == "tokenize":
         return [tokenize(t, 2 if quick else 5) for t in (32000, 128000)]
     rows = []
+    if part == "stalls":
+        for kind in MODES:
+            for n in STALL_SIZES:
+                records = turnover(kind, n) // (10 if quick else 1)
+                rows.append({"code": label or "current", **_fresh(f"index_stalls({kind!r}, {n}, {records})")})
+                print(f"stalls {kind} {n}: max {rows[-1]['max_ms']:.1f} ms, p99 {rows[-1]['p99_ms']:.2f} ms",
+                      flush=True)
+        return rows
     for kind in MODES:
         for n in SIZES:
-            out = subprocess.run([sys.executable, "-c", "import json, sys; from bench.scale_decide import "
-                                  f"index_memory; print(json.dumps(index_memory({kind!r}, {n})))"],
-                                 check=True, capture_output=True, text=True)
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows.append(_fresh(f"index_memory({kind!r}, {n})"))
             print(f"memory {kind} {n}: {rows[-1]['rss_mb']:.0f} MB", flush=True)
     return rows
 
 
 KEYS = {"scrape": ("endpoints", "design"), "decision": ("mode", "endpoints", "tokens"),
-        "tokenize": ("tokens",), "memory": ("kind", "endpoints")}
+        "tokenize": ("tokens",), "memory": ("kind", "endpoints"), "stalls": ("code", "kind", "endpoints")}
 
 
 def combine(runs: Sequence[list[dict[str, Any]]], keys: Sequence[str]) -> list[dict[str, Any]]:
@@ -91,7 +111,7 @@ def combine(runs: Sequence[list[dict[str, Any]]], keys: Sequence[str]) -> list[d
 def load_runs(runs_dir: Path) -> dict[str, list[dict[str, Any]]]:
     doc: dict[str, list[dict[str, Any]]] = {}
     for part in PARTS:
-        files = sorted(runs_dir.glob(f"scale-{part}-r*.json"))
+        files = sorted({*runs_dir.glob(f"scale-{part}-r*.json"), *runs_dir.glob(f"scale-{part}-*-r*.json")})
         if files:
             doc[part] = combine([json.loads(f.read_text())["rows"] for f in files], KEYS[part])
     return doc
@@ -104,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--first-rep", type=int, default=1, help="number of the first repetition written")
     ap.add_argument("--render", action="store_true", help="only combine the runs there into the results")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--label", default="", help="tag this run's rows and files (the stalls part: an earlier commit)")
     ap.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     args = ap.parse_args(argv)
     runs_dir = args.out_dir / "runs"
@@ -113,8 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for part in args.part or PARTS:
                 reps = 1 if part == "memory" else args.reps
                 for k in range(args.first_rep, args.first_rep + reps):
-                    rows = run_part(part, args.quick, Path(tmp))
-                    (runs_dir / f"scale-{part}-r{k}.json").write_text(
+                    rows = run_part(part, args.quick, Path(tmp), args.label)
+                    tag = f"-{args.label}" if args.label else ""
+                    (runs_dir / f"scale-{part}{tag}-r{k}.json").write_text(
                         json.dumps({"part": part, "rep": k, "quick": args.quick, "rows": rows}, indent=1) + "\n")
     if args.render or not args.part:
         from bench.scale_report import render

@@ -68,10 +68,11 @@ def endpoint_specs(n: int) -> list[EndpointSpec]:
 
 
 def fill_approximate(index: PrefixIndex, keys: list[str], seed: int = 1) -> None:
+    """Each endpoint's LRU full of blocks of its own: random 63-bit hashes, as xxh64 spreads them
+    (consecutive integers would sit side by side in the dicts' tables, which no real index sees)."""
     rng = random.Random(seed)
     for key in keys:
-        base = rng.getrandbits(62)
-        index.load(key, range(base, base + index.capacity(key)))
+        index.load(key, [rng.getrandbits(63) for _ in range(index.capacity(key))])
 
 
 def fill_precise(index: PrefixIndex | PreciseIndex, keys: list[str], capacity: int) -> None:

@@ -131,6 +131,21 @@ def memory_section(rows: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
+def stalls_section(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Pauses of the index updates (`--part stalls`, bench/scale_stalls.py)", "",
+             f"Each index at capacity churned for one turnover (as many new blocks as it holds) in a fresh process, "
+             f"every update timed; repetitions: {_reps(rows)}, mean (min-max). A stall: an update of 10 ms or more, "
+             "all of it on the event loop. `code`: the index measured (an earlier commit's, run with `--label`, "
+             "or the current one).", "",
+             "| code | index | endpoints | updates | p50 ms | p99 ms | p99.9 ms | max ms | stalls |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["kind"], r["endpoints"], r["code"] == "current")):
+        lines.append(f"| {r['code']} | {r['kind']} | {r['endpoints']} | {_m(r, 'records'):,.0f} | "
+                     f"{_fmt(r, 'p50_ms', 3)} | {_fmt(r, 'p99_ms', 2)} | {_fmt(r, 'p999_ms', 2)} | "
+                     f"{_fmt(r, 'max_ms', 1)} | {_fmt(r, 'stalls', 1)} |")
+    return [*lines, ""]
+
+
 def targets(doc: Doc) -> list[str]:
     lines = ["## Targets (on the means)", "", "| goal | value | bound | met |", "|---|---:|---:|---|"]
 
@@ -171,4 +186,6 @@ def render(doc: Doc, out: Path) -> str:
         lines += tokenize_section(doc["tokenize"])
     if "memory" in doc:
         lines += memory_section(doc["memory"])
+    if "stalls" in doc:
+        lines += stalls_section(doc["stalls"])
     return "\n".join(lines)

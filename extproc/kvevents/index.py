@@ -1,7 +1,8 @@
 """The precise prefix index: which (endpoint, rank) holds which block, as its engine reported.
 
 Dual-key structure (llm-d's design, in our own key space, see extproc/kvevents/keys.py):
-- `_holders`: our key -> bitmask of slots holding it (one walk answers every candidate).
+- `_holders`: our key -> bitmask of slots holding it (one walk answers every candidate), in
+  shards (extproc/prefix/shards.py: no update rebuilds millions of entries at once).
 - A *confirmed* slot per source (endpoint, data-parallel rank): `entries` our key -> engine hash,
   in LRU order (insertion order; a re-stored block moves to the end), and `engine` engine hash ->
   our key, which resolves `parent_block_hash` of later `BlockStored` events and `BlockRemoved`.
@@ -38,6 +39,7 @@ from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Event, Removed, Stored
 from extproc.prefix.index import leading_in
+from extproc.prefix.shards import SHARD_MASK, clear_bit, new_shards
 
 Source = tuple[str, int]  # (endpoint key, data-parallel rank)
 BYTES_PER_ENTRY = 230  # measured with tracemalloc, CPython 3.11 (tests/kvevents/test_index.py)
@@ -80,7 +82,7 @@ class PreciseIndex:
             raise ValueError("capacity must be positive")
         self.default_capacity = default_capacity
         self.speculative_ttl_s = speculative_ttl_s
-        self._holders: dict[int, int] = {}
+        self._holders = new_shards()
         self._confirmed: dict[Source, _Confirmed] = {}
         self._speculative: dict[str, _Speculative] = {}
         self._slots_of: dict[str, list[_Slot]] = {}
@@ -124,11 +126,7 @@ class PreciseIndex:
         return slot
 
     def _clear_bit(self, key: int, bit: int) -> None:
-        mask = self._holders.get(key, 0) & ~(1 << bit)
-        if mask:
-            self._holders[key] = mask
-        else:
-            self._holders.pop(key, None)
+        clear_bit(self._holders, key, ~(1 << bit))
 
     def set_capacity(self, endpoint: str, capacity: int) -> None:
         """Entries per confirmed slot of `endpoint` (e.g. the engine's num_gpu_blocks)."""
@@ -185,8 +183,9 @@ class PreciseIndex:
         for engine_hash, key in zip(ev.block_hashes, keys, strict=False):
             old = entries.pop(key, None)
             if old is None:
-                held = holders.get(key)
-                holders[key] = bit if held is None else held | bit
+                shard = holders[key & SHARD_MASK]
+                held = shard.get(key)
+                shard[key] = bit if held is None else held | bit
                 added += 1
             elif old != engine_hash:
                 engine.pop(old, None)
@@ -273,8 +272,9 @@ class PreciseIndex:
         holders, entries, bit = self._holders, slot.entries, 1 << slot.bit
         for key in keys:
             if entries.pop(key, None) is None:
-                held = holders.get(key)
-                holders[key] = bit if held is None else held | bit
+                shard = holders[key & SHARD_MASK]
+                held = shard.get(key)
+                shard[key] = bit if held is None else held | bit
             entries[key] = expiry
         self._queue.append((expiry, slot, keys))
         capacity = self.capacity(endpoint)
@@ -307,7 +307,7 @@ class PreciseIndex:
         if active.bit_count() > FEW_TO_WALK:  # many slots: AND their masks key by key
             holders = self._holders
             for i, key in enumerate(keys):
-                nxt = holders.get(key, 0) & active
+                nxt = holders[key & SHARD_MASK].get(key, 0) & active
                 if nxt != active:
                     if i:
                         self._assign(active & ~nxt, i, result)

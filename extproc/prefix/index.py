@@ -1,18 +1,18 @@
 """Approximate prefix-cache index: which endpoint probably holds which prompt blocks.
 
 Structure:
-- Each endpoint gets a small integer slot; `_holders` maps block hash -> bitmask of slots that hold it.
-- Each endpoint has an LRU of its block hashes (a dict in insertion order; recording a block moves
-  it to the end). When an endpoint holds more than its capacity, its least recently used blocks
-  are evicted and its bit is cleared in `_holders` (the entry disappears when no bit is left).
+- Each endpoint gets a small integer slot; `_holders` maps block hash -> bitmask of slots that
+  hold it, in shards (extproc/prefix/shards.py: no update rebuilds millions of entries at once).
+- Each endpoint has an LRU of its block hashes (extproc/prefix/generations.py: insertion order in
+  generations of bounded size; recording a block moves it to the end). When an endpoint holds
+  more than its capacity, its least recently used blocks are evicted and its bit is cleared in
+  `_holders` (the entry disappears when no bit is left).
 
 Operations:
 - `match(hashes, candidates)`: the longest run of leading blocks that each candidate holds
   (consecutive from block 0, as on a paged KV cache). The walk ANDs bitmasks and stops as soon as
-  no candidate holds the next block, so a miss costs one dict lookup; once FEW_TO_WALK (1)
-  candidate is left, its own LRU answers the rest (a small dict, walked in C). The
-  candidates' mask is kept while the same list is asked again (the pool, request after request)
-  and no slot changed.
+  no candidate holds the next block, so a miss costs one dict lookup. The candidates' mask is
+  kept while the same list is asked again (the pool, request after request) and no slot changed.
 - `record(endpoint, hashes)`: called at decision time for the chosen endpoint; the prompt's first
   block becomes the most recently used entry.
 - `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
@@ -23,7 +23,7 @@ Operations:
 
 Memory is bounded by sum(capacity) entries; `approx_bytes()` estimates it from the measured cost
 per entry (see docs/scheduling.md, "Prefix index": about 100 bytes per (endpoint, block) entry on
-CPython 3.11, the hash int, a slot in the holders dict and a slot in the endpoint LRU dict).
+CPython 3.11, the hash int, a slot in a holders shard and a slot in an LRU generation).
 
 Capacity per endpoint is `default_capacity` (`--prefix-lru-capacity`,
 PrefixConfig.lru_capacity_per_server: the Go EPP's lruCapacityPerServer, 31250 blocks of 16 tokens,
@@ -36,14 +36,11 @@ import operator
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from itertools import islice
 
+from extproc.prefix.generations import Generations
+from extproc.prefix.shards import SHARD_MASK, clear_bit, new_shards, shard_len
+
 # Measured with tracemalloc (tests/prefix/test_index.py::test_memory_per_entry_is_bounded).
 BYTES_PER_ENTRY = 100
-
-
-# match walks each candidate's own LRU once this many or fewer are left. 1: in bench/scale_decide.py's
-# setup at 256 endpoints (8M entries), where each LRU walked is a cold dict of its own, 4 or 8
-# made the matches slower than the pool-wide masks with 2 or more candidates left.
-FEW_TO_WALK = 1
 
 
 def leading_in(held: Container[int], keys: Sequence[int], start: int = 0) -> int:
@@ -60,8 +57,8 @@ class PrefixIndex:
         if default_capacity <= 0:
             raise ValueError("capacity must be positive")
         self.default_capacity = default_capacity
-        self._holders: dict[int, int] = {}
-        self._lru: dict[str, dict[int, None]] = {}
+        self._holders = new_shards()
+        self._lru: dict[str, Generations] = {}
         self._slot: dict[str, int] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
@@ -82,7 +79,7 @@ class PrefixIndex:
                 slot = self._next_slot
                 self._next_slot += 1
             self._slot[endpoint] = slot
-            self._lru[endpoint] = {}
+            self._lru[endpoint] = Generations()
             self._candidates = None
         return slot
 
@@ -113,12 +110,8 @@ class PrefixIndex:
         clear = ~(1 << slot)
         holders = self._holders
         for h in lru:
-            mask = holders[h] & clear
-            if mask:
-                holders[h] = mask
-            else:
-                del holders[h]
-        self._entries -= len(lru)
+            clear_bit(holders, h, clear)
+        self._entries -= lru.size
         self._free_slots.append(slot)
         self._candidates = None
 
@@ -149,30 +142,15 @@ class PrefixIndex:
         result: dict[str, int] = {}
         if not active or not hashes:
             return result
-        i = 0
-        if active.bit_count() > FEW_TO_WALK:  # many candidates: AND their masks block by block
-            holders = self._holders
-            for i, h in enumerate(hashes):
-                nxt = holders.get(h, 0) & active
-                if nxt != active:
-                    self._assign(active & ~nxt, i, by_slot, result)
-                    active = nxt
-                    if nxt.bit_count() <= FEW_TO_WALK:  # few left, each holding block i
-                        break
-            else:
-                self._assign(active, len(hashes), by_slot, result)
-                return result
-            i += 1
-        # Few candidates left: each one's own LRU (which holds h exactly when its bit is set in
-        # holders[h]) answers the rest, a small dict instead of the pool-wide one and no mask.
-        lru = self._lru
-        while active:
-            low = active & -active
-            endpoint = by_slot[low.bit_length() - 1]
-            matched = i + leading_in(lru[endpoint], hashes, i)
-            if matched:
-                result[endpoint] = matched
-            active ^= low
+        holders = self._holders
+        for i, h in enumerate(hashes):
+            nxt = holders[h & SHARD_MASK].get(h, 0) & active
+            if nxt != active:
+                self._assign(active & ~nxt, i, by_slot, result)
+                if not nxt:
+                    return result
+                active = nxt
+        self._assign(active, len(hashes), by_slot, result)
         return result
 
     @staticmethod
@@ -217,20 +195,28 @@ class PrefixIndex:
         slot = self._slot_of(endpoint)
         bit = 1 << slot
         lru = self._lru[endpoint]
+        newest = lru.gens[-1]
         holders = self._holders
-        before = len(lru)
+        added = 0
         for h in ordered:
-            if h in lru:
-                del lru[h]
+            if h in newest:  # recorded lately (a hot prefix): moved to the end, nothing else changes
+                del newest[h]
             else:
-                # A block held by one endpoint (the common case) shares that endpoint's `bit` object
-                # instead of a fresh int per entry: at slot 255 a mask int is ~60 bytes.
-                held = holders.get(h)
-                holders[h] = bit if held is None else held | bit
-            lru[h] = None
-        self._entries += len(lru) - before
+                shard = holders[h & SHARD_MASK]
+                held = shard.get(h, 0)
+                if held & bit:  # held here since an older generation
+                    lru.unlink(h)
+                else:
+                    # A block held by one endpoint (the common case) shares that endpoint's `bit`
+                    # object instead of a fresh int per entry: at slot 255 a mask int is ~60 bytes.
+                    shard[h] = held | bit if held else bit
+                    added += 1
+            newest[h] = None
+        lru.size += added
+        self._entries += added
         capacity = self._capacity.get(endpoint, self.default_capacity)
-        if len(lru) > capacity:
+        lru.roll(capacity)
+        if lru.size > capacity:
             self._evict(endpoint, slot, capacity)
 
     def forget(self, endpoint: str, hashes: Sequence[int]) -> None:
@@ -240,33 +226,33 @@ class PrefixIndex:
         if slot is None or not hashes:
             return
         lru = self._lru[endpoint]
-        clear = ~(1 << slot)
-        self._drop(lru, clear, list(dict.fromkeys(h for h in hashes if h in lru)))
+        bit = 1 << slot
+        holders = self._holders
+        dropped = 0
+        for h in dict.fromkeys(hashes):
+            if holders[h & SHARD_MASK].get(h, 0) & bit:
+                lru.unlink(h)
+                clear_bit(holders, h, ~bit)
+                dropped += 1
+        lru.size -= dropped
+        self._entries -= dropped
 
     def _evict(self, endpoint: str, slot: int, capacity: int) -> None:
         lru = self._lru[endpoint]
-        excess = len(lru) - capacity
+        excess = lru.size - capacity
         if excess <= 0:
             return
         clear = ~(1 << slot)
-        victims: list[int] = []
-        for h in lru:
-            if len(victims) >= excess:
-                break
-            victims.append(h)
-        self._drop(lru, clear, victims)
-
-    def _drop(self, lru: dict[int, None], clear: int, hashes: list[int]) -> None:
-        """Remove `hashes` (all held in `lru`) from one endpoint: its LRU and its bit (`~clear`) per hash."""
         holders = self._holders
-        for h in hashes:
-            del lru[h]
-            mask = holders[h] & clear
+        victims = lru.oldest(excess)
+        for h in victims:
+            shard = holders[h & SHARD_MASK]
+            mask = shard[h] & clear
             if mask:
-                holders[h] = mask
+                shard[h] = mask
             else:
-                del holders[h]
-        self._entries -= len(hashes)
+                del shard[h]
+        self._entries -= len(victims)
 
     # -- introspection ---------------------------------------------------------------------
     @property
@@ -276,16 +262,16 @@ class PrefixIndex:
 
     @property
     def distinct_blocks(self) -> int:
-        return len(self._holders)
+        return shard_len(self._holders)
 
     def approx_bytes(self) -> int:
         return self._entries * BYTES_PER_ENTRY
 
     def held_by(self, endpoint: str) -> int:
         lru = self._lru.get(endpoint)
-        return len(lru) if lru is not None else 0
+        return lru.size if lru is not None else 0
 
     def used_share(self, endpoint: str) -> float:
         """held_by(endpoint) / capacity(endpoint), in one call (read for every candidate)."""
         lru = self._lru.get(endpoint)
-        return (len(lru) if lru is not None else 0) / self._capacity.get(endpoint, self.default_capacity)
+        return (lru.size if lru is not None else 0) / self._capacity.get(endpoint, self.default_capacity)

@@ -10,6 +10,7 @@ from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.index import BYTES_PER_ENTRY, PreciseIndex
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Removed, Stored, decode_batch
+from extproc.prefix.shards import shard_len
 from testkit.kvevents import kv_event_batches
 
 BS = 16
@@ -79,7 +80,7 @@ def test_capacity_evicts_least_recently_stored_and_prunes_engine_map() -> None:
     assert idx.held(A) == 2 and idx.entries == 2
     idx.record_speculative(A, KEYS, now=0.0)
     idx.remove_endpoint(A)
-    assert idx.entries == 0 and idx.match(KEYS, [A], 0.0) == {} and not idx._holders
+    assert idx.entries == 0 and idx.match(KEYS, [A], 0.0) == {} and shard_len(idx._holders) == 0
 
 
 def test_bytes_per_entry_is_measured() -> None:

@@ -3,9 +3,12 @@ from __future__ import annotations
 import random
 import re
 import tracemalloc
+from collections import OrderedDict
 from pathlib import Path
 
+from extproc.prefix.generations import GENERATIONS, MAX_GENS, MIN_GEN
 from extproc.prefix.index import BYTES_PER_ENTRY, PrefixIndex
+from extproc.prefix.shards import SHARD_MASK
 
 
 def hashes(n: int, seed: int) -> list[int]:
@@ -138,8 +141,8 @@ def test_match_sees_endpoints_that_got_a_slot_after_the_same_candidate_list_was_
 
 
 def test_match_agrees_with_a_walk_over_each_endpoints_own_blocks() -> None:
-    """Random records, forgets, evictions and removals; match (the pool-wide masks, then one LRU
-    once a single candidate is left) against the definition: the leading blocks each one holds."""
+    """Random records, forgets, evictions and removals; match (the pool-wide masks) against the
+    definition: the leading blocks each one holds."""
     rng = random.Random(7)
     idx = PrefixIndex(40)
     names = [f"e{k}" for k in range(14)]  # both walks run
@@ -166,3 +169,56 @@ def test_match_agrees_with_a_walk_over_each_endpoints_own_blocks() -> None:
             if n:
                 expected[e] = n
         assert idx.match(hashes, candidates) == expected, step
+
+
+def test_the_generations_keep_an_exact_lru_order() -> None:
+    """The LRU kept in generations (extproc/prefix/generations.py) against one ordered dict, the
+    exact LRU: random records of new and old blocks, forgets and capacity changes at a capacity of
+    several generations (so they open, merge and empty); after every step the dump (oldest
+    first), the count held, and each block's holder bit agree."""
+    rng = random.Random(3)
+    capacity = 12 * MIN_GEN
+    idx = PrefixIndex(capacity)
+    ref: OrderedDict[int, None] = OrderedDict()
+    universe = 4 * capacity
+    most_gens = 0
+    for step in range(400):
+        op = rng.random()
+        if op < 0.85:
+            start = rng.randrange(universe)
+            blocks = [(start + k) % universe + 1 for k in range(rng.randrange(1, 300))]
+            idx.record("a", blocks)
+            for h in reversed(blocks):
+                ref.pop(h, None)
+                ref[h] = None
+        elif op < 0.95:
+            gone = [rng.randrange(1, universe + 1) for _ in range(50)]
+            idx.forget("a", gone)
+            for h in gone:
+                ref.pop(h, None)
+        else:
+            capacity = rng.randrange(4 * MIN_GEN, 20 * MIN_GEN)
+            idx.set_capacity("a", capacity)
+        while len(ref) > capacity:
+            ref.popitem(last=False)
+        most_gens = max(most_gens, len(idx._lru["a"].gens))
+        assert dict(idx.dump())["a"] == list(ref), step
+        assert idx.held_by("a") == len(ref) == idx.entries == idx.distinct_blocks, step
+    assert 4 < most_gens <= MAX_GENS + 1
+    for h in ref:
+        assert idx._holders[h & SHARD_MASK][h] == 1
+
+
+def test_a_block_recorded_again_and_again_does_not_grow_the_generations() -> None:
+    """One prefix recorded over and over (a hot system prompt) moves within the newest generation:
+    it counts once, and only the blocks that are new fill generations (here 1,468 blocks in
+    generations of 1,024: two)."""
+    idx = PrefixIndex(GENERATIONS * 4 * MIN_GEN)
+    hot = hashes(100, 9)
+    idx.record("a", hashes(3 * MIN_GEN, 10))
+    for i in range(200):
+        idx.record("a", hot)
+        idx.record("a", hashes(3, 100 + i))
+    assert idx.held_by("a") == 3 * MIN_GEN + 100 + 600
+    assert len(idx._lru["a"].gens) == 2
+    assert dict(idx.dump())["a"][-103:-3] == hot[::-1]  # the last hot record, leading block newest

@@ -1,0 +1,91 @@
+"""One endpoint's blocks in least-recently-used order, kept in generations of bounded size.
+
+A single insertion-ordered dict is an exact LRU (re-recording a block deletes and re-inserts it),
+but at capacity every record deletes as many old keys as it inserts, and the dict then rebuilds
+its whole table each time its free slots run out: several milliseconds at 31,250 blocks, the
+default capacity, once in ~100 records of an 8k-token prompt, on the event loop
+(bench/scale_stalls.py). Here the
+order lives in a deque of dicts, oldest first:
+
+- the newest generation takes every recorded block; once it holds `gen_size`
+  (capacity / GENERATIONS, at least MIN_GEN; 7,812 at the default capacity) blocks a new empty
+  one opens;
+- a block recorded again moves to the newest generation: deleted where it was (found by looking
+  in the generations from the newest, where a block used again mostly is), re-inserted last;
+- eviction takes blocks from the front of the oldest generation, which is dropped once empty.
+
+Only the newest generation grows, so only it is ever rebuilt, and it is at most gen_size plus
+one prompt's blocks (a snapshot's `load` fills one generation with all it restores, at start).
+GENERATIONS is 4, not more: a block recorded again that is not in the newest generation is
+looked for in each older one, a cache miss per generation (in bench/scale_stalls.py's churn at
+256 endpoints, 16 generations made a record over a tenth of a millisecond dearer than 4).
+Closed generations only lose keys, which a dict does without rebuilding; a closed generation
+that blocks keep leaving holds its table until it is evicted or, once more than MAX_GENS are
+open, merged with its neighbour into one fresh dict (the two oldest), which bounds both the
+deque's length and the memory that emptied tables keep. The order is exact: the generations
+concatenated are the single dict's order.
+
+Whether the endpoint holds a block at all is answered by the pool-wide holders map
+(extproc/prefix/shards.py), one lookup; a generation is searched only for a block known held.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from itertools import chain, islice
+
+GENERATIONS = 4
+MIN_GEN = 256
+MAX_GENS = GENERATIONS + 4
+
+
+class Generations:
+    __slots__ = ("gens", "size")
+
+    def __init__(self) -> None:
+        self.gens: deque[dict[int, None]] = deque([{}])
+        self.size = 0  # blocks held, over all generations
+
+    def __iter__(self) -> Iterator[int]:
+        """Oldest first."""
+        return chain.from_iterable(self.gens)
+
+    def unlink(self, h: int) -> None:
+        """Delete `h` (held here) from the generation holding it."""
+        gens = self.gens
+        for k in range(len(gens) - 1, -1, -1):
+            g = gens[k]
+            if h in g:
+                del g[h]
+                if not g and k != len(gens) - 1:
+                    del gens[k]
+                return
+
+    def roll(self, capacity: int) -> None:
+        """Open a new generation once the newest is full; merge the two oldest once too many are open."""
+        gens = self.gens
+        if len(gens[-1]) < max(MIN_GEN, capacity // GENERATIONS):
+            return
+        gens.append({})
+        if len(gens) > MAX_GENS:
+            oldest = gens.popleft()
+            gens[0] = dict.fromkeys(chain(oldest, gens[0]))
+
+    def oldest(self, n: int) -> list[int]:
+        """Remove and return the `n` least recently recorded blocks (fewer if fewer are held)."""
+        gens = self.gens
+        victims: list[int] = []
+        while len(victims) < n:
+            g = gens[0]
+            taken = list(islice(g, n - len(victims)))
+            for h in taken:
+                del g[h]
+            victims += taken
+            if g:
+                break
+            if len(gens) == 1:
+                break
+            gens.popleft()
+        self.size -= len(victims)
+        return victims

@@ -1,0 +1,47 @@
+"""A block-hash -> holders map kept in SHARDS dicts, so that no update rebuilds millions of entries.
+
+A CPython dict that keeps losing old keys and gaining new ones (an index at capacity: every
+record evicts) leaves a dummy for each deleted key; once its free slots run out, the insert that
+finds none rebuilds the whole table, on the event loop, in time proportional to its live
+entries: about two seconds for the 8M entries of 256 endpoints at the default capacity, every
+few thousand requests (bench/scale_stalls.py, results in bench/results/scale.md). Split by the
+hash's low bits into SHARDS (1,024) dicts, a rebuild touches one shard, ~1/1,024 of the
+entries, and the shards' rebuilds fall at different times. The price is locality: one dict keeps
+a record's blocks side by side in its entry table (inserted together, evicted together), the
+shards scatter them, which makes a record dearer (the same bench reports both), the more so the
+more shards. The hashes are xxh64 (approximate index) or our own chained keys (precise index,
+extproc/kvevents/keys.py): uniform in their low bits.
+
+Callers inline the lookup, `shards[h & SHARD_MASK].get(h, 0)`, rather than call a method per block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+SHARD_BITS = 10
+SHARDS = 1 << SHARD_BITS
+SHARD_MASK = SHARDS - 1
+
+
+def new_shards() -> list[dict[int, int]]:
+    return [{} for _ in range(SHARDS)]
+
+
+def shard_items(shards: list[dict[int, int]]) -> Iterator[tuple[int, int]]:
+    for shard in shards:
+        yield from shard.items()
+
+
+def shard_len(shards: list[dict[int, int]]) -> int:
+    return sum(len(shard) for shard in shards)
+
+
+def clear_bit(shards: list[dict[int, int]], h: int, clear: int) -> None:
+    """Mask `h`'s holders with `clear` (~bit); the entry goes when no holder is left."""
+    shard = shards[h & SHARD_MASK]
+    mask = shard.get(h, 0) & clear
+    if mask:
+        shard[h] = mask
+    else:
+        shard.pop(h, None)
