@@ -32,8 +32,9 @@ Whether the endpoint holds a block at all is answered by the pool-wide holders m
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import chain, islice
+from operator import indexOf
 
 GENERATIONS = 4
 MIN_GEN = 256
@@ -50,6 +51,25 @@ class Generations:
     def __iter__(self) -> Iterator[int]:
         """Oldest first."""
         return chain.from_iterable(self.gens)
+
+    def leading(self, hashes: Sequence[int], start: int) -> int:
+        """How many of `hashes`, from `hashes[start]` on, are held here before the first that is
+        not: each generation walks in C from where the run stands (prefix/index.py's leading_in)
+        until none takes it further. A prompt's blocks were recorded together, so the run mostly
+        lies in one or two generations."""
+        n = len(hashes)
+        i = start
+        moved = True
+        while moved and i < n:
+            moved = False
+            for g in reversed(self.gens):
+                try:
+                    j = i + indexOf(map(g.__contains__, islice(hashes, i, None)), False)
+                except ValueError:
+                    return n - start
+                if j > i:
+                    i, moved = j, True
+        return i - start
 
     def unlink(self, h: int) -> None:
         """Delete `h` (held here) from the generation holding it."""

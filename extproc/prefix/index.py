@@ -11,8 +11,9 @@ Structure:
 Operations:
 - `match(hashes, candidates)`: the longest run of leading blocks that each candidate holds
   (consecutive from block 0, as on a paged KV cache). The walk ANDs bitmasks and stops as soon as
-  no candidate holds the next block, so a miss costs one dict lookup. The candidates' mask is
-  kept while the same list is asked again (the pool, request after request) and no slot changed.
+  no candidate holds the next block, so a miss costs one dict lookup; once one candidate is left,
+  its own LRU's generations answer the rest (walked in C). The candidates' mask is kept while the
+  same list is asked again (the pool, request after request) and no slot changed.
 - `record(endpoint, hashes)`: called at decision time for the chosen endpoint; the prompt's first
   block becomes the most recently used entry.
 - `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
@@ -35,9 +36,16 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from itertools import islice
+from typing import Protocol
 
 from extproc.prefix.generations import Generations
 from extproc.prefix.shards import SHARD_MASK, clear_bit, new_shards, shard_len
+
+
+class Keyed(Protocol):
+    @property
+    def key(self) -> str: ...
+
 
 # Measured with tracemalloc (tests/prefix/test_index.py::test_memory_per_entry_is_bounded).
 BYTES_PER_ENTRY = 100
@@ -144,6 +152,12 @@ class PrefixIndex:
             return result
         holders = self._holders
         for i, h in enumerate(hashes):
+            if active & (active - 1) == 0:  # one candidate left, holding block i - 1 (or none asked yet)
+                endpoint = by_slot[active.bit_length() - 1]
+                matched = i + self._lru[endpoint].leading(hashes, i)
+                if matched:
+                    result[endpoint] = matched
+                return result
             nxt = holders[h & SHARD_MASK].get(h, 0) & active
             if nxt != active:
                 self._assign(active & ~nxt, i, by_slot, result)
@@ -270,6 +284,16 @@ class PrefixIndex:
     def held_by(self, endpoint: str) -> int:
         lru = self._lru.get(endpoint)
         return lru.size if lru is not None else 0
+
+    def used_shares(self, endpoints: Sequence[Keyed]) -> list[float]:
+        """`used_share` of each endpoint (anything with a `key`), in one loop."""
+        lru, capacity, default = self._lru, self._capacity, self.default_capacity
+        out = []
+        for ep in endpoints:
+            key = ep.key
+            held = lru.get(key)
+            out.append((held.size if held is not None else 0) / capacity.get(key, default))
+        return out
 
     def used_share(self, endpoint: str) -> float:
         """held_by(endpoint) / capacity(endpoint), in one call (read for every candidate)."""

@@ -193,17 +193,18 @@ class LatencyModel(Calibration):
         return ttft, base, wait
 
     def predict_ttfts(self, endpoints: Sequence[Endpoint], works: Sequence[EndpointWork],
-                      uncached: Sequence[float]) -> list[float]:
+                      uncached: Sequence[float], loads: Sequence[float] | None = None) -> list[float]:
         """`predict(...)[0]` for each endpoint, in one loop: base_ttft_ms inlined with the config
         read once, the slot wait asked only where a limit and the occupancy are known (0 otherwise,
-        as wait_ms says).
+        as wait_ms says); `loads`: each endpoint's load when the caller has them already.
         The same arithmetic in the same order, so the same floats (tests/scheduling/test_latency.py)."""
         c = self.config
         overhead, per_token, step, per_seq = c.overhead_ms, c.prefill_ms_per_token, c.step_tokens, c.decode_ms_per_seq
         ceil, pool_limit = math.ceil, self.pool_limit
+        if loads is None:
+            loads = [endpoint_load(ep) for ep in endpoints]
         out = []
-        for ep, w, u in zip(endpoints, works, uncached, strict=True):
-            load = endpoint_load(ep)
+        for w, u, load in zip(works, uncached, loads, strict=True):
             work = w.backlog + u
             steps = ceil(work / step)
             ttft = w.slowdown * (overhead + work * per_token + (steps if steps > 1.0 else 1.0) * per_seq * load)

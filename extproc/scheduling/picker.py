@@ -27,7 +27,9 @@ class MaxScorePicker:
         n = max(n, 1)
         if not endpoints:
             return []
-        totals = [t if t == t else float("-inf") for t in totals]  # a NaN total ranks last
+        total = sum(totals)
+        if total != total:  # a NaN total ranks last (the sum is NaN then; rarely otherwise, harmlessly)
+            totals = [t if t == t else float("-inf") for t in totals]
         if n == 1:
             best = max(totals)
             tied = [i for i, t in enumerate(totals) if t == best]

@@ -137,14 +137,13 @@ class PredictedTtftScorer:
         m = min(request.prefix_match.get(ep.key, 0), len(request.block_hashes))
         return request.block_hashes[m - 1] if m else None
 
-    def _loads(self, endpoints: Sequence[Endpoint]) -> tuple[list[float], float] | None:
-        """Each candidate's load and reuse.py's bound for this decision; None when the bound is
-        off or there is one candidate."""
+    def _bound(self, loads: Sequence[float]) -> float | None:
+        """reuse.py's load bound for this decision over the candidates' loads; None when the bound
+        is off or there is one candidate."""
         f = self.balance.factor
-        if f == 0 or len(endpoints) < 2:
+        if f == 0 or len(loads) < 2:
             return None
-        loads = [endpoint_load(ep) for ep in endpoints]
-        return loads, load_bound(sum(loads), len(endpoints), f)
+        return load_bound(sum(loads), len(loads), f)
 
     def _prompt_size(self, request: SchedulingRequest) -> tuple[int, float]:
         """(prompt bytes, prompt tokens); without the prompt's size (a caller that only hashed
@@ -155,11 +154,18 @@ class PredictedTtftScorer:
     def _fullness(self, ep: Endpoint) -> float:
         """How full e's cache is: the prefix index's share of its capacity, or the engine's own
         vllm:kv_cache_usage_perc (blocks held by running requests) when that is higher."""
-        m = ep.metrics
-        used = m.kv_usage if m is not None and m.ok else 0.0
-        if self.index is not None:
-            used = max(used, self.index.used_share(ep.key))
-        return min(used, 1.0)
+        return self._fullnesses((ep,))[0]
+
+    def _fullnesses(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """`_fullness` of each endpoint, in one loop (read for every candidate)."""
+        shares = self.index.used_shares(endpoints) if self.index is not None else [0.0] * len(endpoints)
+        out = []
+        for ep, used in zip(endpoints, shares, strict=True):
+            m = ep.metrics
+            if m is not None and m.ok and m.kv_usage > used:
+                used = m.kv_usage
+            out.append(used if used < 1.0 else 1.0)
+        return out
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         now = self._clock()
@@ -178,6 +184,7 @@ class PredictedTtftScorer:
         predictions = request.predictions
         family = request.block_hashes[0] if request.block_hashes else None
         works = model.works(endpoints, now)
+        loads = [endpoint_load(ep) for ep in endpoints]
         most = max(cached, default=0.0)
         home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
         # A prompt no candidate holds is placed by cache room (3. above), among the other families.
@@ -187,9 +194,8 @@ class PredictedTtftScorer:
         hits = cached
         # Bounded reuse (5. above): asked only where something is cached and some prefix is counted;
         # a prompt nobody holds is bounded by load alone, below.
-        bounded = self._loads(endpoints) if most > 0 and len(self.reuse) else None
-        if bounded is not None:
-            loads, bound = bounded
+        bound = self._bound(loads) if most > 0 and len(self.reuse) else None
+        if bound is not None:
             slack = self.balance.slack
             hits = list(cached)
             for i, hit in enumerate(cached):
@@ -203,13 +209,15 @@ class PredictedTtftScorer:
                         request.signals[ep.key] = model.describe(ep, works[i], wait) + " reuse=over-bound"
         held_away = max(most, min(shared, tokens))
         uncached_all = [tokens - hit for hit in hits]
-        ttfts = model.predict_ttfts(endpoints, works, uncached_all)
-        for ep, w, hit, uncached, ttft in zip(endpoints, works, hits, uncached_all, ttfts, strict=True):
+        ttfts = model.predict_ttfts(endpoints, works, uncached_all, loads)
+        fullness = self._fullnesses(endpoints) if c.eviction_weight else ttfts
+        for ep, w, hit, uncached, ttft, full in zip(endpoints, works, hits, uncached_all, ttfts, fullness,
+                                                    strict=True):
             cost = ttft
             held = most if ep.key == home_key else held_away
             if c.eviction_weight and (hit < held or mean_homes > 0):
                 # The recompute a full cache displaces, per token placed there.
-                evict_ms = c.eviction_weight * self._fullness(ep) * c.prefill_ms_per_token * w.slowdown
+                evict_ms = c.eviction_weight * full * c.prefill_ms_per_token * w.slowdown
                 cost += evict_ms * max(0.0, held - hit)
                 if mean_churn > 0:
                     cost += evict_ms * tokens * w.churn / mean_churn
@@ -223,11 +231,11 @@ class PredictedTtftScorer:
             # predicts below the prior's overhead, and one floor for all would tie them).
             costs.append(max(cost, c.overhead_ms * w.slowdown, 1e-3))
         if most <= 0:
-            self._bound_new_prompt(endpoints, works, costs)
+            self._bound_new_prompt(loads, works, costs)
         best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
 
-    def _bound_new_prompt(self, endpoints: Sequence[Endpoint], works: Sequence[EndpointWork],
+    def _bound_new_prompt(self, loads: Sequence[float], works: Sequence[EndpointWork],
                           costs: list[float]) -> None:
         """A prompt no candidate holds has no cache to keep: it goes to an endpoint within its load
         bound whenever one is, whatever the others' costs. Otherwise, on an idle pool, the endpoint
@@ -239,10 +247,8 @@ class PredictedTtftScorer:
         equal to reuse.py's ceil(factor x (L + 1) / n) where the speeds are equal. A replica
         measured 4x slower than the rest holds about a quarter of a fast one's share, so it is
         not handed a new prompt (a full prefill at 4x) because the fast ones hold their share."""
-        bounded = self._loads(endpoints)
-        if bounded is None:
+        if self._bound(loads) is None:
             return
-        loads, _ = bounded
         speeds = [1.0 / w.slowdown if w.slowdown > 0 else 1.0 for w in works]
         total_load, total_speed, f = sum(loads), sum(speeds), self.balance.factor
         over = [over_load(load, load_bound(total_load, total_speed, f, speed))
