@@ -5,12 +5,12 @@ record evicts) leaves a dummy for each deleted key; once its free slots run out,
 finds none rebuilds the whole table, on the event loop, in time proportional to its live
 entries: about two seconds for the 8M entries of 256 endpoints at the default capacity, every
 few thousand requests (bench/scale_stalls.py, results in bench/results/scale.md). Split by the
-hash's low bits into SHARDS (256) dicts, a rebuild touches one shard, 1/256 of the entries
-(31k at 8M, as many as one endpoint's LRU at the default capacity), and the shards' rebuilds
-fall at different times. The price is locality: one dict keeps a record's blocks side by side in
-its entry table (inserted together, evicted together), the shards scatter them, which makes a
-record dearer (the same bench reports both), the more so the more shards: 256 rather than 1,024
-or 4,096 for that. The hashes are xxh64 (approximate index) or our own chained keys (precise index,
+hash's low bits into SHARDS (1,024) dicts, a rebuild touches one shard, 1/1,024 of the entries
+(7.8k at 8M), and the shards' rebuilds fall at different times. The price is locality: one dict
+keeps a record's blocks side by side in its entry table (inserted together, evicted together),
+the shards scatter them, which makes a record dearer (the same bench reports both), the more so
+the more shards. 1,024, not 256: at 256 endpoints 256 shards of 31k entries still paused an
+update for 10-16 ms at their rebuilds; 4,096 made every record dearer for pauses no shorter. The hashes are xxh64 (approximate index) or our own chained keys (precise index,
 extproc/kvevents/keys.py): uniform in their low bits.
 
 Callers inline the lookup, `shards[h & SHARD_MASK].get(h, 0)`, rather than call a method per block.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-SHARD_BITS = 8
+SHARD_BITS = 10
 SHARDS = 1 << SHARD_BITS
 SHARD_MASK = SHARDS - 1
 
