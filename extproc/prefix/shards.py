@@ -10,8 +10,9 @@ hash's low bits into SHARDS (1,024) dicts, a rebuild touches one shard, 1/1,024 
 keeps a record's blocks side by side in its entry table (inserted together, evicted together),
 the shards scatter them, which makes a record dearer (the same bench reports both), the more so
 the more shards. 1,024, not 256: at 256 endpoints 256 shards of 31k entries still paused an
-update for 10-16 ms at their rebuilds; 4,096 made every record dearer for pauses no shorter. The hashes are xxh64 (approximate index) or our own chained keys (precise index,
-extproc/kvevents/keys.py): uniform in their low bits.
+update for 10-16 ms at their rebuilds; 4,096 made every record dearer still. The hashes are
+xxh64 (approximate index) or our own chained keys (precise index, extproc/kvevents/keys.py):
+uniform in their low bits.
 
 Callers inline the lookup, `shards[h & SHARD_MASK].get(h, 0)`, rather than call a method per block.
 """
