@@ -175,7 +175,7 @@ def test_the_generations_keep_an_exact_lru_order() -> None:
     """The LRU kept in generations (extproc/prefix/generations.py) against one ordered dict, the
     exact LRU: random records of new and old blocks, forgets and capacity changes at a capacity of
     several generations (so they open, merge and empty); after every step the dump (oldest
-    first), the count held, and each block's holder bit agree."""
+    first), the count held, a match (walked in the generations) and each block's holder bit agree."""
     rng = random.Random(3)
     capacity = 12 * MIN_GEN
     idx = PrefixIndex(capacity)
@@ -203,6 +203,12 @@ def test_the_generations_keep_an_exact_lru_order() -> None:
             ref.popitem(last=False)
         most_gens = max(most_gens, len(idx._lru["a"].gens))
         assert dict(idx.dump())["a"] == list(ref), step
+        # The one-candidate walk over the generations: the leading run of a span of the universe.
+        start = rng.randrange(universe)
+        span = [(start + k) % universe + 1 for k in range(400)]
+        run = next((k for k, h in enumerate(span) if h not in ref), len(span))
+        assert idx.match(span, ["a"]) == ({"a": run} if run else {}), step
+        assert idx.match(span, ["a", "b"]) == ({"a": run} if run else {}), step  # a, then the walk
         assert idx.held_by("a") == len(ref) == idx.entries == idx.distinct_blocks, step
     assert 4 < most_gens <= MAX_GENS + 1
     for h in ref:
