@@ -12,8 +12,9 @@ whatever runs are there into bench/results/scale.json, scale.md and the scale-*.
 - `memory`: resident memory of each index at capacity against endpoints (a fresh process each);
 - `stalls` (bench/scale_stalls.py): the longest pause an index update puts on the event loop,
   each index churned at capacity for one turnover at 16, 64, 256 endpoints (a fresh process each).
-  `--label L` tags a run's rows (`code`: L) and its files (scale-stalls-L-r<k>.json), so a run
-  of an earlier commit's index (the same bench file in its tree) renders beside the current one.
+  `--label L` tags a run's rows (`code`: L) and its files (scale-<part>-L-r<k>.json), so a run
+  of an earlier commit's code (the same bench files in its tree) renders beside the current one
+  (the stalls and decision parts).
 Without `--part`, every part runs and the results are rendered. `--quick`: fewer requests and
 seconds, for a look (not for committed figures).
 """
@@ -65,7 +66,7 @@ def run_part(part: str, quick: bool, log_dir: Path, label: str = "") -> list[dic
                 for row in decision_cells(n, mode, LENGTHS, lambda t: requests_for(t, quick)):
                     print(f"decision {mode} {n} endpoints {row['tokens']} tokens: p50 {row['p50_ms']:.2f} "
                           f"p99 {row['p99_ms']:.2f} ms, CPU {row['cpu_ms_per_request']:.2f} ms", flush=True)
-                    rows.append(row)
+                    rows.append({"code": label or "current", **row})
         return rows
     if part == "tokenize":
         return [tokenize(t, 2 if quick else 5) for t in (32000, 128000)]
@@ -85,7 +86,7 @@ def run_part(part: str, quick: bool, log_dir: Path, label: str = "") -> list[dic
     return rows
 
 
-KEYS = {"scrape": ("endpoints", "design"), "decision": ("mode", "endpoints", "tokens"),
+KEYS = {"scrape": ("endpoints", "design"), "decision": ("code", "mode", "endpoints", "tokens"),
         "tokenize": ("tokens",), "memory": ("kind", "endpoints"), "stalls": ("code", "kind", "endpoints")}
 
 
@@ -94,10 +95,10 @@ def combine(runs: Sequence[list[dict[str, Any]]], keys: Sequence[str]) -> list[d
     merged: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for rows in runs:
         for row in rows:
-            merged.setdefault(tuple(row[k] for k in keys), []).append(row)
+            merged.setdefault(tuple(row.get(k, "current") if k == "code" else row[k] for k in keys), []).append(row)
     out = []
     for group in merged.values():
-        merged_row: dict[str, Any] = {k: group[0][k] for k in keys}
+        merged_row: dict[str, Any] = {k: group[0].get(k, "current") if k == "code" else group[0][k] for k in keys}
         for field, value in group[0].items():
             if field in keys or not isinstance(value, int | float):
                 continue

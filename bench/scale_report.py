@@ -76,6 +76,9 @@ def scrape_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
 
 
 def decision_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
+    earlier = [r for r in rows if r.get("code", "current") != "current"
+               and r["endpoints"] in (4, 256) and r["tokens"] in (1000, 8000, 128000)]
+    rows = [r for r in rows if r.get("code", "current") == "current"]
     lines = ["## Decisions in process (`--part decision`, bench/scale_decide.py)", "",
              f"Repetitions: {_reps(rows)}; mean (min-max) of each repetition's p50, p99 and CPU per request. "
              "Index at capacity (approximate: 31,250 blocks per endpoint; precise: 32,768 per endpoint). "
@@ -103,7 +106,19 @@ def decision_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "scale-decision.png", dpi=100)
     plt.close(fig)
-    return [*lines, "", "![decision latency and CPU](scale-decision.png)", ""]
+    lines += ["", "![decision latency and CPU](scale-decision.png)", ""]
+    if earlier:
+        lines += ["Beside an earlier commit's code, the same bench run within the hour on the same machine "
+                  f"(`--label`; repetitions: {_reps(earlier)}), at 4 and 256 endpoints:", "",
+                  "| code | mode | endpoints | tokens | p50 ms | p99 ms | CPU ms/request |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for e in earlier:
+            c = _find(rows, mode=e["mode"], endpoints=e["endpoints"], tokens=e["tokens"])
+            for r in (e, c) if c else (e,):
+                lines.append(f"| {r.get('code', 'current')} | {r['mode']} | {r['endpoints']} | {r['tokens']:,} | "
+                             f"{_fmt(r, 'p50_ms')} | {_fmt(r, 'p99_ms')} | {_fmt(r, 'cpu_ms_per_request')} |")
+        lines.append("")
+    return lines
 
 
 def tokenize_section(rows: list[dict[str, Any]]) -> list[str]:
@@ -157,7 +172,7 @@ def targets(doc: Doc) -> list[str]:
         else:
             lines.append(f"| {goal} | {value:.3g} | {bound:g} | {'yes' if value <= bound else '**no**'} |")
 
-    dec = doc.get("decision", [])
+    dec = [r for r in doc.get("decision", []) if r.get("code", "current") == "current"]
     for mode in ("approximate", "precise"):
         r = _find(dec, mode=mode, endpoints=256, tokens=8000)
         row(f"{mode}: decision p99 at 256 endpoints, 8k tokens (ms)", _m(r, "p99_ms") if r else None, 2.0)
