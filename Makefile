@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint typecheck unit image demo bench protos peers vllm clean fuzz soak docs-cli
+.PHONY: all test lint typecheck unit image demo bench protos peers vllm inference-perf clean fuzz soak docs-cli
 
 all: test
 
@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 image:
 	bash scripts/build-image.sh
 
-test: $(STAMP) lint typecheck image peers vllm
+test: $(STAMP) lint typecheck image peers vllm inference-perf
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 unit: $(STAMP)
@@ -67,6 +67,11 @@ peers:
 # `vllm`-marked tests run them.
 vllm: $(STAMP)
 	$(PY) -m testkit.vllm_env >/dev/null
+
+# inference-perf (PyPI, 0.7.0 in testkit/inference_perf_env.py) in a venv of its own on Python >= 3.12
+# (pyenv's), cached outside the repository: tests/bench/test_inference_perf.py drives the picker with it.
+inference-perf: $(STAMP)
+	$(PY) -m testkit.inference_perf_env >/dev/null
 
 protos: $(STAMP)
 	$(PY) protos/generate.py
