@@ -20,9 +20,16 @@ within each repetition, so a busy machine hits them alike):
 2. snapshot: a full index (`--prefix-lru-capacity` default, 31,250 blocks per endpoint, for 4 and
    16 endpoints) sent by one PeerSync and loaded by another over loopback gRPC (warm start):
    bytes on the wire and seconds until loaded.
-3. workers: one pod (`--workers 1` and `--workers 2`) behind Envoy (`--concurrency 2`, 100
-   streams per connection to the picker so connections spread over the workers), trivial echo
-   backends, closed loop at concurrency 32 with 4 KB shared-prefix prompts: requests/s.
+3. workers: one pod (`--workers N` for each of `--worker-counts`, 1 and 2 by default) behind
+   Envoy (`--concurrency max(2, N/2)`, 100 streams per connection to the picker so connections
+   spread over the workers), trivial echo backends (one process each), closed loop at concurrency
+   32 per client process (`max(1, N/2)` of them, so the client is not what saturates) with 4 KB
+   shared-prefix prompts: requests/s over the window from the first client's start to the last
+   one's end. 1 and 2 workers fit a 2-core machine; 4 and 8 need a machine with more cores
+   (bench/results/replicas-16cores.md ran on 16).
+
+`--configs` runs a subset of the hit-rate configurations (by label); `--out` names the results
+file, so a run on another machine keeps its own.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import random
 import statistics
@@ -45,7 +53,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.lib import client
+from bench.lib import client, loadgen
 from bench.lib.oracle import workload_oracle
 from bench.lib.routers import sim_replicas
 from bench.lib.runner import process_cpu_s, sim_settings
@@ -198,49 +206,61 @@ async def snapshot_run(endpoints: int, capacity: int) -> dict[str, Any]:
     return {"endpoints": endpoints, "entries": loaded, "bytes": wire, "seconds": round(seconds, 3)}
 
 
-async def closed_loop(url: str, concurrency: int, total: int) -> float:
-    shared = "You are the support desk of a large company. " * 80
-    bodies = [json.dumps({"model": "m", "prompt": shared + f"question {i}", "max_tokens": 4}).encode()
-              for i in range(64)]
-    sent = 0
+PROMPTS = [json.dumps({"model": "m", "prompt": "You are the support desk of a large company. " * 80
+                      + f"question {i}", "max_tokens": 4}).encode() for i in range(64)]
 
-    async def worker(s: aiohttp.ClientSession) -> None:
-        nonlocal sent
-        while sent < total:
-            body = bodies[sent % len(bodies)]
-            sent += 1
-            async with s.post(url, data=body, headers={"content-type": "application/json"}) as r:
-                await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"status {r.status}")
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        for _ in range(300):  # until the pod is ready behind Envoy, then a warm-up
-            if await worker_once(s, url, bodies[0]) == 200:
-                break
+async def ready(url: str) -> None:
+    """Until the pod answers 200 behind Envoy (its workers have synced and Envoy sees it healthy)."""
+    async with aiohttp.ClientSession() as s:
+        for _ in range(300):
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.post(url, data=PROMPTS[0], headers={"content-type": "application/json"}) as r:
+                    await r.read()
+                    if r.status == 200:
+                        return
             await asyncio.sleep(0.1)
-        await asyncio.gather(*(worker_once(s, url, bodies[0]) for _ in range(concurrency)))
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(s) for _ in range(concurrency)))
-        return total / (time.perf_counter() - t0)
+    raise RuntimeError(f"{url} never answered 200")
 
 
-async def worker_once(s: aiohttp.ClientSession, url: str, body: bytes) -> int:
-    async with s.post(url, data=body, headers={"content-type": "application/json"}) as r:
-        await r.read()
-        return r.status
+def client_process(url: str, concurrency: int, total: int, start_at: float) -> tuple[float, float, int, int]:
+    """One client process: a closed loop of `total` requests from `start_at` (wall clock).
+
+    Returns (start, end, answered 200, failed)."""
+    tally = loadgen.Tally()
+
+    async def go() -> tuple[float, float]:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        t0 = time.time()
+        await loadgen.closed_loop(url, PROMPTS, concurrency, total, tally, warm_up=concurrency)
+        return t0, time.time()
+
+    t0, t1 = asyncio.run(go())
+    return t0, t1, len(tally.latencies), tally.failed
 
 
 def workers_run(tmp: Path, workers: int, total: int) -> dict[str, Any]:
     tmp.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(3)
-    args = python_module("testkit.echo_backends", *map(str, ports), "--trivial")
-    with running(args, tmp / "backends.log", wait_port=ports[-1]):
+    ports = free_ports(4)
+    clients = max(1, workers // 2)
+    with contextlib.ExitStack() as stack:
+        for i, port in enumerate(ports):  # one process each: one would saturate before 8 workers do
+            stack.enter_context(running(python_module("testkit.echo_backends", str(port), "--trivial"),
+                                        tmp / f"backend-{i}.log", wait_port=port))
         backends = [f"127.0.0.1:{p}" for p in ports]
-        with pickers(tmp, backends, 1, False, ("--workers", str(workers))) as procs, \
-                envoy(tmp, "envoy", [procs[0][0]], backends, concurrency=2, per_connection=100) as url:
-            rps = asyncio.run(closed_loop(url + "/v1/completions", 32, total))
-    return {"workers": workers, "requests": total, "rps": round(rps, 1)}
+        procs = stack.enter_context(pickers(tmp, backends, 1, False, ("--workers", str(workers))))
+        url = stack.enter_context(envoy(tmp, "envoy", [procs[0][0]], backends, concurrency=max(2, workers // 2),
+                                        per_connection=100)) + "/v1/completions"
+        asyncio.run(ready(url))
+        with multiprocessing.get_context("spawn").Pool(clients) as pool:
+            pool.map(time.sleep, [0.0] * clients)  # every client process up before the clock starts
+            start_at = time.time() + 0.5
+            parts = pool.starmap(client_process, [(url, 32, total // clients, start_at)] * clients)
+    answered, failed = sum(p[2] for p in parts), sum(p[3] for p in parts)
+    if failed:
+        raise RuntimeError(f"--workers {workers}: {failed} requests failed")
+    window = max(p[1] for p in parts) - min(p[0] for p in parts)
+    return {"workers": workers, "clients": clients, "requests": answered, "rps": round(answered / window, 1)}
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -264,7 +284,8 @@ def summarize(raw: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             out[key] = {w: {c: spread(_of(rows, w, c, key)) for c in labels if _of(rows, w, c, key)}
                         for w in WORKLOADS}
     if raw.get("workers"):
-        out["workers_rps"] = {str(n): spread([r["rps"] for r in raw["workers"] if r["workers"] == n]) for n in (1, 2)}
+        counts = sorted({r["workers"] for r in raw["workers"]})
+        out["workers_rps"] = {str(n): spread([r["rps"] for r in raw["workers"] if r["workers"] == n]) for n in counts}
     if raw.get("snapshot"):
         out["snapshot"] = raw["snapshot"]
     return out
@@ -283,7 +304,7 @@ def table(summary: dict[str, Any]) -> str:
                   "", "| pickers | workload | pool hit rate | lowest gateway | sync per link KiB/s "
                   "| sync sent per picker KiB/s | picker CPU ms/request |", "|---|---|---:|---:|---:|---:|---:|"]
         for w in WORKLOADS:
-            for c in summary["configs"]:
+            for c in (c for c in summary["configs"] if c in summary["hit_rate"][w]):
                 synced = "unsynced" not in c and c != "1"
                 link = _cell(summary["sync_bytes_per_request_per_link"][w][c], ".0f", kib) if synced else "-"
                 per = _cell(summary["sync_bytes_per_request_per_picker"][w][c], ".0f", kib) if synced else "-"
@@ -305,22 +326,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--parts", nargs="+", default=["hit-rate", "snapshot", "workers"],
                    choices=["hit-rate", "snapshot", "workers"])
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--seeds", nargs="+", type=int, help="the repetitions' seeds (default 0 .. reps-1)")
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     p.add_argument("--time-scale", type=float, default=3.0)
     p.add_argument("--worker-requests", type=int, default=3000)
+    p.add_argument("--worker-counts", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--configs", nargs="+", default=[c for c, _, _ in CONFIGS], choices=[c for c, _, _ in CONFIGS])
     p.add_argument("--out", default=str(RESULTS / "replicas"))
     a = p.parse_args(argv)
     raw: dict[str, list[dict[str, Any]]] = {"hit_rate": [], "snapshot": [], "workers": []}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp_s:
         tmp = Path(tmp_s)
-        for rep in range(a.reps):
+        for rep in a.seeds if a.seeds is not None else range(a.reps):
             if "hit-rate" in a.parts:
-                for w in WORKLOADS:
-                    for label, n, sync in CONFIGS:
+                for w in a.workloads:
+                    for label, n, sync in (c for c in CONFIGS if c[0] in a.configs):
                         row = hit_rate_run(tmp / f"{rep}-{w}-{n}-{sync}", w, rep, label, n, sync, a.time_scale)
                         print(json.dumps(row), flush=True)
                         raw["hit_rate"].append(row)
             if "workers" in a.parts:
-                for n in (1, 2):
+                for n in a.worker_counts:
                     row = workers_run(tmp / f"{rep}-workers-{n}", n, a.worker_requests)
                     print(json.dumps(row), flush=True)
                     raw["workers"].append(row)
@@ -332,6 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raw["snapshot"].append(row)
     out = Path(a.out)
     settings = {"reps": a.reps, "time_scale": a.time_scale, "worker_requests": a.worker_requests,
+                "cores": os.cpu_count(),
                 "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}  # >2 on 2 cores: a busy machine
     config = {part: settings for part in a.parts}
     if out.with_suffix(".json").exists():  # parts not run this time keep their earlier results
