@@ -41,6 +41,7 @@ from bench.lib.oracle import workload_oracle
 from bench.lib.report import RESULTS, runs_dir
 from bench.lib.routers import KV_EVENT_ROUTERS, PICKER_TRANSPORT, PUBLISHING_ROUTERS, ROUTERS, sim_replicas, start
 from bench.lib.runner import sim_settings
+from bench.lib.stats import spread
 from bench.lib.tables import fmt
 from bench.lib.workloads import SharedPrefixParams, shared_prefix
 from testkit.inference_perf_env import VERSION, tokenizer_dir
@@ -69,13 +70,6 @@ def run_router(router: str, tmp: Path, scale: ip.Scale, replicas: int, model_dir
 
 def ip_env() -> Any:
     return ensure_inference_perf()
-
-
-def spread(values: Sequence[float]) -> dict[str, float]:
-    finite = [v for v in values if not math.isnan(v)]
-    if not finite:
-        return {"mean": float("nan"), "min": float("nan"), "max": float("nan")}
-    return {"mean": sum(finite) / len(finite), "min": min(finite), "max": max(finite)}
 
 
 # The figures aggregated over repetitions: name -> (row key, sub-key or "").

@@ -1,6 +1,8 @@
 """The benchmark's arithmetic: pure functions from measured requests to the reported figures.
 
 - `percentile(values, q)`: nearest rank, q in percent (NaN for no values).
+- `spread(values)`: mean, min and max of the repetitions' values (NaN ones left out; all NaN
+  when none is left).
 - `hit_rate`: cached prompt tokens / prompt tokens over the successful requests, as the
   replicas reported them in `usage`.
 - `histogram_quantile(q, buckets)`: Prometheus' estimate from cumulative buckets: find the
@@ -50,6 +52,13 @@ def percentile(values: list[float], q: float) -> float:
     k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[k]
 
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return {"mean": float("nan"), "min": float("nan"), "max": float("nan")}
+    return {"mean": sum(finite) / len(finite), "min": min(finite), "max": max(finite)}
 
 def hit_rate(results: Iterable[RequestResult]) -> float:
     prompt = cached = 0

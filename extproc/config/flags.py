@@ -93,6 +93,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--scrape-budget", "scrape_budget_per_s", FLOAT, METRICS,
          "metrics scrapes per second for the whole pool: each endpoint is scraped every "
          "max(--refresh-metrics-interval, endpoints / budget) (0: unbounded)", NON_NEGATIVE),
+    Flag("--scrape-engine-share", "scrape_engine_share", FLOAT, METRICS,
+         "share of an engine's server time that scraping it may take, all pickers and workers together: an "
+         "endpoint whose scrape takes c seconds is scraped at most every c x pickers / share, and at least "
+         "once a second (0: no such floor)", Range(0, 1)),
     Flag("--metrics-staleness-threshold", "metrics_staleness_threshold_s", DURATION, METRICS,
          "older scrapes count as stale: saturated for scorers, left out of the pool gauges", POSITIVE),
     Flag("--config-file", "config_file", TEXT, SCHEDULING, "EndpointPickerConfig YAML file"),

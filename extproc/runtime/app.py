@@ -119,6 +119,9 @@ class App:
                 self.metrics.registry.register(LatencyCollector(observer.model))
         if cfg.sync.port or self.role.count > 1:
             self._wire_sync()
+        if self.scraper is not None and self.sync is not None:
+            sync, workers = self.sync, self.role.count  # every pod runs as many workers as this one
+            self.scraper.scrapers = lambda: (1 + sync.connected_peers()) * workers
         self.health = HealthServicer(self._ready, cfg.max_health_watches)
         self.body_budget = BodyBudget(cfg.max_buffered_bytes)
 

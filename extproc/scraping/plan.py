@@ -28,14 +28,35 @@ as long as those are fewer than budget * base (25). The
 picker's own in-flight counts are always current (extproc/scheduling/load.py adds the requests
 routed since the last scrape to its queue).
 
-The plan is pure: the caller passes the clock's `now` and runs the scrapes (extproc/scraping/
-scraper.py); a scrape in progress is not due again until `done`.
+The engine's side: a scrape costs the model server a render of its page, on the process that
+also serves the requests (vLLM's API server renders its whole ~50 KB page, about 6 ms of a core on
+the 2-core development machine, whatever families are asked for: at 50 ms that is 12% of its core,
+bench/results/vllm-scrape-cost.md). So each endpoint's own interval has a floor that bounds the
+share of its server's time that the pickers' scrapes take:
+
+    floor(e) = min(MAX_FLOOR_S, cost(e) x scrapers / engine_share)
+    interval(e) = max(interval(n), floor(e))      (and a touched endpoint: max(base, floor(e)))
+
+with cost(e) the endpoint's scrape duration as the picker measures it (GET sent to page read,
+exponentially smoothed, COST_ALPHA), `engine_share` = --scrape-engine-share (2% by default; 0:
+no floor) and `scrapers` the picker processes scraping the same engines (this one, its sibling
+workers and the peers it syncs with; `set_scrapers`): the share is the pool's, not each
+picker's. A 6 ms render is scraped every 300 ms by one picker, a 1 ms one (a page the engine
+renders quickly, or the simulator's) keeps the base 50 ms. The duration includes the engine's
+queueing for its CPU and the picker's own event-loop delay, so a busier engine or picker is
+scraped less often; MAX_FLOOR_S (1 s) keeps every endpoint scraped at least once a second.
+
+The plan is pure: the caller passes the clock's `now` and the scrapes' durations and runs the
+scrapes (extproc/scraping/scraper.py); a scrape in progress is not due again until `done`.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+
+COST_ALPHA = 0.25  # weight of the newest scrape duration in cost(e)
+MAX_FLOOR_S = 1.0  # the engine-share floor never holds an endpoint's interval above this
 
 
 @dataclass(slots=True)
@@ -44,14 +65,18 @@ class _State:
     started: float  # when its last scrape started (-inf: never)
     running: bool = False
     touched: bool = False
+    cost_s: float = 0.0  # smoothed scrape duration (0: none measured yet)
+    floor_s: float = 0.0  # the interval floor its cost sets (module docstring)
 
 
 class ScrapePlan:
-    def __init__(self, base_interval_s: float, budget_per_s: float) -> None:
-        if base_interval_s <= 0 or budget_per_s < 0:
-            raise ValueError("the scrape interval must be > 0 and the budget >= 0")
+    def __init__(self, base_interval_s: float, budget_per_s: float, engine_share: float = 0.0) -> None:
+        if base_interval_s <= 0 or budget_per_s < 0 or not 0 <= engine_share <= 1:
+            raise ValueError("the scrape interval must be > 0, the budget >= 0 and the engine share in [0, 1]")
         self.base_interval_s = base_interval_s
         self.budget_per_s = budget_per_s
+        self.engine_share = engine_share
+        self.scrapers = 1  # picker processes scraping the same engines (set_scrapers)
         self._states: dict[str, _State] = {}
         self._heap: list[tuple[float, int, str]] = []  # (due, sequence, key); outdated entries skipped
         self._seq = 0
@@ -66,6 +91,33 @@ class ScrapePlan:
         if self.budget_per_s == 0 or n == 0:
             return self.base_interval_s
         return max(self.base_interval_s, n / self.budget_per_s)
+
+    def interval_of(self, key: str) -> float:
+        """Seconds between two scrapes of `key`: the pool's interval, or its engine-share floor."""
+        st = self._states.get(key)
+        pool = self.interval()
+        return pool if st is None or st.floor_s <= pool else st.floor_s
+
+    def observe(self, key: str, seconds: float) -> None:
+        """A scrape of `key` took `seconds` (sent to read): its cost, and so its floor."""
+        st = self._states.get(key)
+        if st is None or seconds < 0:
+            return
+        st.cost_s = seconds if st.cost_s == 0.0 else st.cost_s + COST_ALPHA * (seconds - st.cost_s)
+        st.floor_s = self._floor(st.cost_s)
+
+    def set_scrapers(self, n: int) -> None:
+        """`n` picker processes (this one included) scrape these engines and share engine_share."""
+        n = max(1, n)
+        if n != self.scrapers:
+            self.scrapers = n
+            for st in self._states.values():
+                st.floor_s = self._floor(st.cost_s)
+
+    def _floor(self, cost_s: float) -> float:
+        if self.engine_share == 0.0 or cost_s == 0.0:
+            return 0.0
+        return min(MAX_FLOOR_S, cost_s * self.scrapers / self.engine_share)
 
     def spacing(self) -> float:
         """Seconds between two scrape starts, pool-wide."""
@@ -90,13 +142,13 @@ class ScrapePlan:
         self._states.pop(key, None)  # its heap entries are skipped when they surface
 
     def touch(self, key: str) -> None:
-        """The picker routed a request to `key`: due `base` after its last scrape started."""
+        """The picker routed a request to `key`: due `base` (or its floor) after its last scrape started."""
         st = self._states.get(key)
         if st is None or st.touched:
             return
         st.touched = True
         if not st.running:
-            due = st.started + self.base_interval_s
+            due = st.started + max(self.base_interval_s, st.floor_s)
             if due < st.due:
                 self._push(key, st, due)
 
@@ -133,10 +185,11 @@ class ScrapePlan:
         return key
 
     def done(self, key: str, now: float) -> None:
-        """The scrape of `key` ended: it is due again one interval (or, if touched, `base`) after it started."""
+        """The scrape of `key` ended: it is due again one interval (or, if touched, `base`) after it
+        started, and never sooner than its floor."""
         st = self._states.get(key)
         if st is None or not st.running:
             return
         st.running = False
         step = self.base_interval_s if st.touched else self.interval()
-        self._push(key, st, max(st.started + step, now))
+        self._push(key, st, max(st.started + max(step, st.floor_s), now))

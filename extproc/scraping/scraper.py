@@ -3,7 +3,10 @@
 Loop: one task paces the whole pool (extproc/scraping/plan.py): each endpoint is scraped every
 max(--refresh-metrics-interval, endpoints / --scrape-budget) seconds, earliest due first, the
 starts spread evenly over the interval, an endpoint the picker just routed to ahead of the rest
-(the datastore's acquired listener). Endpoints join and leave the plan through the datastore's
+(the datastore's acquired listener), and no endpoint more often than its engine-share floor
+allows: each GET's duration is handed to the plan, which keeps the pickers' scrapes under
+--scrape-engine-share of the engine's server time (`scrapers`, wired by the process: the pods
+syncing with this one times its workers, share it). Endpoints join and leave the plan through the datastore's
 added/removed listeners. Each scrape is a task of its own (a slow engine delays nobody else)
 over extproc/scraping/http.py (a narrow GET client, one kept-alive connection per endpoint), with
 a timeout of `scrape_timeout_s` (1 s), asking for an uncompressed body (decompressing would
@@ -189,6 +192,7 @@ class MetricsScraper:
         self._http: MetricsHttp | None = None  # while run() is active
         self.scrapes = 0  # attempts so far (tests, benchmarks)
         self.on_models: Callable[[frozenset[str]], None] | None = None  # engine-reported model names
+        self.scrapers: Callable[[], int] | None = None  # picker processes scraping the same engines
         datastore.on_added(self._added)
         datastore.on_removed(self._removed)
         datastore.on_acquired(self._touched)
@@ -206,6 +210,10 @@ class MetricsScraper:
     def interval_s(self) -> float:
         """Seconds between two scrapes of one endpoint at the current pool size."""
         return self._plan.interval() if self._plan is not None else self.config.refresh_metrics_interval_s
+
+    def interval_of(self, key: str) -> float:
+        """Seconds between two scrapes of `key`: the pool's interval or its engine-share floor."""
+        return self._plan.interval_of(key) if self._plan is not None else self.config.refresh_metrics_interval_s
 
     def _added(self, ep: Endpoint) -> None:
         if self._plan is not None:
@@ -231,12 +239,15 @@ class MetricsScraper:
         src = self.config.metrics_source
         self._http = MetricsHttp(src.scheme, src.insecure_skip_verify, self.config.scrape_timeout_s,
                                  src.max_body_bytes)
-        plan = self._plan = ScrapePlan(self.config.refresh_metrics_interval_s, self.config.scrape_budget_per_s)
+        plan = self._plan = ScrapePlan(self.config.refresh_metrics_interval_s, self.config.scrape_budget_per_s,
+                                       self.config.scrape_engine_share)
         try:
             for ep in self.datastore.snapshot():
                 self._added(ep)
             while True:
                 now = self._clock()
+                if self.scrapers is not None:
+                    plan.set_scrapers(self.scrapers())
                 key = plan.start(now)
                 if key is None:
                     # Sleep until the next start; at most one base interval, so an endpoint added or
@@ -272,8 +283,13 @@ class MetricsScraper:
                 self._plan.done(ep.key, self._clock())
 
     async def _fetch(self, ep: Endpoint, target: str) -> bytes:
+        """One GET; its duration goes to the plan (the engine's cost of a render, plan.py)."""
         assert self._http is not None
-        return await self._http.get(ep.key, ep.address, ep.port, join_host_port(ep.address, ep.port), target)
+        sent = self._clock()
+        body = await self._http.get(ep.key, ep.address, ep.port, join_host_port(ep.address, ep.port), target)
+        if self._plan is not None:
+            self._plan.observe(ep.key, self._clock() - sent)
+        return body
 
     async def _fetch_and_parse(self, ep: Endpoint) -> ModelServerMetrics:
         target = self._target(ep)
@@ -297,7 +313,7 @@ class MetricsScraper:
         self.scrapes += 1
         try:
             m = await self._fetch_and_parse(ep)
-            m.interval_s = self.interval_s
+            m.interval_s = self.interval_of(ep.key)
             self._cap(ep.key, m)
         except asyncio.CancelledError:
             raise

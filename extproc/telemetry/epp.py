@@ -31,6 +31,7 @@ EPP's dashboards).
 | inference_pool_average_running_requests | gauge | name (fresh scrapes only) |
 | inference_pool_per_pod_queue_size | gauge | model_server_pod (endpoint name), name |
 | prefix_epp_endpoint_metrics_stale | gauge | endpoint (1: no successful scrape within --metrics-staleness-threshold) |
+| prefix_epp_endpoint_scrape_interval_seconds | gauge | endpoint (its scrapes' interval, or engine-share floor) |
 | prefix_epp_cached_tokens_prediction_error_tokens | histogram | scorer (approximate, precise): abs error, tokens |
 | prefix_epp_cached_tokens_predicted_within_one_block_total | counter | scorer (abs error <= engine block size) |
 | prefix_epp_cached_tokens_predictions_total | counter | scorer (responses that reported cached_tokens) |
@@ -107,10 +108,15 @@ class _StateCollector(Collector):
         stale = GaugeMetricFamily("prefix_epp_endpoint_metrics_stale",
                                   "1 when an endpoint has no successful scrape within the staleness threshold",
                                   labels=["endpoint"])
+        interval = GaugeMetricFamily("prefix_epp_endpoint_scrape_interval_seconds",
+                                     "Seconds between two scrapes of the endpoint, as its last scrape was planned",
+                                     labels=["endpoint"])
         fresh = []
         for ep in self._ds.snapshot():
             m = usable_metrics(ep, now, self._staleness_s)
             stale.add_metric([ep.key], 0 if m is not None else 1)
+            if ep.metrics is not None and ep.metrics.interval_s > 0:
+                interval.add_metric([ep.key], ep.metrics.interval_s)
             if m is not None:
                 fresh.append(m)
                 per_pod.add_metric([ep.spec.name or ep.key, self._pool], m.waiting)
@@ -128,6 +134,7 @@ class _StateCollector(Collector):
             yield g
         yield per_pod
         yield stale
+        yield interval
 
 
 class EppMetrics:

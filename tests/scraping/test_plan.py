@@ -1,5 +1,6 @@
 """The scrape plan on a virtual clock: the pool-wide rate is bounded, starts are spread, small pools
-keep the base interval, touched endpoints are refreshed first, running scrapes are not repeated."""
+keep the base interval, touched endpoints are refreshed first, running scrapes are not repeated, and
+an endpoint whose scrape costs its engine more is scraped less often (the engine-share floor)."""
 
 from __future__ import annotations
 
@@ -13,22 +14,25 @@ from extproc.scraping.plan import ScrapePlan
 BASE, BUDGET = 0.05, 1000.0
 
 
-def simulate(plan: ScrapePlan, seconds: float, scrape_s: float = 0.002,
+def simulate(plan: ScrapePlan, seconds: float, scrape_s: float | dict[str, float] = 0.002,
              touch: set[str] | None = None) -> dict[str, list[float]]:
-    """Run the plan as the scraper does, each scrape taking `scrape_s`; the start times per endpoint."""
+    """Run the plan as the scraper does, each scrape taking `scrape_s` (or its endpoint's entry),
+    its duration handed to the plan; the start times per endpoint."""
     starts: dict[str, list[float]] = defaultdict(list)
     running: list[tuple[float, str]] = []  # (ends at, key)
+    took = scrape_s if isinstance(scrape_s, dict) else defaultdict(lambda: scrape_s)
     now = 0.0
     while now < seconds:
         for end, key in [r for r in running if r[0] <= now]:
             running.remove((end, key))
+            plan.observe(key, took[key])
             plan.done(key, end)
             if touch and key in touch:
                 plan.touch(key)
         started = plan.start(now)
         if started is not None:
             starts[started].append(now)
-            running.append((now + scrape_s, started))
+            running.append((now + took[started], started))
             continue
         wait = plan.wait(now)
         ends = [end for end, _ in running]
@@ -118,3 +122,65 @@ def test_bad_settings_are_refused() -> None:
         ScrapePlan(0, BUDGET)
     with pytest.raises(ValueError):
         ScrapePlan(BASE, -1)
+    with pytest.raises(ValueError):
+        ScrapePlan(BASE, BUDGET, 1.5)
+
+
+def gaps_after_first(ts: list[float]) -> list[float]:
+    return [round(b - a, 9) for a, b in pairwise(ts[1:])]
+
+
+def test_a_scrape_that_costs_its_engine_6_ms_is_taken_every_300_ms() -> None:
+    """2% of the engine's time: 6 ms / 0.02 = 300 ms; a 1 ms page keeps the base 50 ms."""
+    plan = ScrapePlan(BASE, BUDGET, 0.02)
+    plan.add("slow", 0.0)
+    plan.add("fast", 0.0)
+    starts = simulate(plan, 3.0, scrape_s={"slow": 0.006, "fast": 0.001})
+    assert set(gaps_after_first(starts["slow"])) == {0.3}
+    assert set(gaps_after_first(starts["fast"])) == {BASE}
+    assert plan.interval_of("slow") == pytest.approx(0.3) and plan.interval_of("fast") == BASE
+
+
+def test_the_floor_follows_the_measured_cost() -> None:
+    plan = ScrapePlan(BASE, BUDGET, 0.02)
+    plan.add("e", 0.0)
+    plan.observe("e", 0.006)
+    assert plan.interval_of("e") == pytest.approx(0.3)
+    for _ in range(40):  # the engine got faster: the floor comes down with the smoothed cost
+        plan.observe("e", 0.002)
+    assert plan.interval_of("e") == pytest.approx(0.1, rel=0.01)
+    plan.observe("e", 0.2)  # one very slow answer: capped at a second, never scraped less often
+    assert plan.interval_of("e") == 1.0
+
+
+def test_the_share_is_the_pools_so_more_pickers_each_scrape_less() -> None:
+    plan = ScrapePlan(BASE, BUDGET, 0.02)
+    plan.add("e", 0.0)
+    plan.observe("e", 0.003)
+    assert plan.interval_of("e") == pytest.approx(0.15)
+    plan.set_scrapers(4)  # 2 pods x 2 workers
+    assert plan.interval_of("e") == pytest.approx(0.6)
+    plan.set_scrapers(8)
+    assert plan.interval_of("e") == 1.0
+
+
+def test_a_touched_endpoint_is_still_held_to_its_floor() -> None:
+    plan = ScrapePlan(BASE, BUDGET, 0.02)
+    plan.add("slow", 0.0)
+    starts = simulate(plan, 3.0, scrape_s=0.006, touch={"slow"})
+    assert min(gaps_after_first(starts["slow"])) == pytest.approx(0.3)
+
+
+def test_a_pool_past_its_budget_keeps_the_longer_of_the_two_intervals() -> None:
+    plan = pool(256)  # 256 ms from the budget
+    plan.engine_share = 0.02
+    plan.observe("ep0", 0.002)  # floor 100 ms: the budget's interval wins
+    plan.observe("ep1", 0.008)  # floor 400 ms: its own wins
+    assert plan.interval_of("ep0") == pytest.approx(0.256) and plan.interval_of("ep1") == pytest.approx(0.4)
+
+
+def test_no_share_no_floor() -> None:
+    plan = ScrapePlan(BASE, BUDGET, 0.0)
+    plan.add("slow", 0.0)
+    starts = simulate(plan, 1.0, scrape_s=0.006)
+    assert set(gaps_after_first(starts["slow"])) == {BASE}

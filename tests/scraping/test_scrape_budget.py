@@ -22,7 +22,9 @@ from extproc.scraping.scraper import FAMILIES, MetricsScraper
 from testkit.procs import free_ports, python_module, running, until, wait_for_port
 from testkit.vllm_text import exposition
 
-CFG = replace(EppConfig(), refresh_metrics_interval_s=0.05, scrape_timeout_s=1.0)
+# The engine-share floor off: these tests read the budget and the base interval alone (its own tests:
+# test_engine_share.py, test_plan.py).
+CFG = replace(EppConfig(), refresh_metrics_interval_s=0.05, scrape_timeout_s=1.0, scrape_engine_share=0.0)
 
 
 async def run_scraper(scraper: MetricsScraper) -> asyncio.Task[None]:
@@ -170,7 +172,7 @@ async def test_the_budget_bounds_the_pool_wide_rate(tmp_path: Path) -> None:
             wait_for_port(p)
         ds = Datastore()
         ds.set_endpoints(specs(ports))
-        cfg = replace(EppConfig(), scrape_budget_per_s=160.0)
+        cfg = replace(CFG, scrape_budget_per_s=160.0)
         scraper = MetricsScraper(cfg, ds)
         task = await run_scraper(scraper)
         try:

@@ -71,7 +71,7 @@ async def wait_for(cond: object, timeout: float = 15.0) -> None:
     raise TimeoutError("condition not met")
 
 
-CFG = replace(EppConfig(), refresh_metrics_interval_s=0.05, scrape_timeout_s=0.3)
+CFG = replace(EppConfig(), refresh_metrics_interval_s=0.05, scrape_timeout_s=0.3, scrape_engine_share=0.0)
 
 
 async def test_scrapes_update_the_datastore_and_tune_the_index(engines: dict[int, FakeEngine]) -> None:
