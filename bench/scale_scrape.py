@@ -3,9 +3,11 @@
 For each pool size (4, 16, 64, 256 endpoints), `MetricsScraper` scrapes that many model-server
 stubs (testkit/vllm_stubs.py in another process: vLLM's ~125 KB page, and only the samples asked
 for when the URL carries `?name[]=`, as prometheus_client answers) for `seconds`, in two designs:
-- `fixed`: every endpoint every 50 ms, whole page (`--scrape-budget 0`, `filter_families` off): the
-  design before the scrape plan (which also had aiohttp's client, dearer per GET: `client_costs`);
-- `budgeted`: the defaults (`--scrape-budget` 1000/s shared by the pool, only the families read).
+- `fixed`: every endpoint every 50 ms, whole page (`--scrape-budget 0`, `--scrape-engine-share 0`,
+  `filter_families` off): the design before the scrape plan (which also had aiohttp's client,
+  dearer per GET: `client_costs`);
+- `budgeted`: the defaults (`--scrape-budget` 500/s shared by the pool, only the families read, and
+  the engine-share floor; bench/results/scale.md's rows predate the floor).
 Figures: this process's CPU over the wall time (the share of one core scraping takes: HTTP client,
 reading, parsing, the datastore update), scrapes per second kept against planned, CPU per scrape,
 and freshness: the age of each endpoint's last successful scrape, sampled every 20 ms over the
@@ -34,7 +36,8 @@ from extproc.scraping.scraper import MetricsScraper, family_query
 from testkit.procs import free_ports, python_module, running, wait_for_port
 
 DESIGNS: dict[str, EppConfig] = {
-    "fixed": replace(EppConfig(), scrape_budget_per_s=0.0, metrics_source=MetricsSourceConfig(filter_families=False)),
+    "fixed": replace(EppConfig(), scrape_budget_per_s=0.0, scrape_engine_share=0.0,
+                     metrics_source=MetricsSourceConfig(filter_families=False)),
     "budgeted": EppConfig(),
 }
 

@@ -3,7 +3,8 @@
 Each port serves:
 - `GET /metrics`: a ~125 KB vLLM exposition (testkit/vllm_text.py) with the port's current
   waiting/running/KV values (regenerated only when they change); with `?name[]=...` only those
-  samples, as prometheus_client (vLLM's exposition) answers;
+  samples, as prometheus_client's own exposition answers (vLLM 0.32's renders its whole page:
+  docs/scheduling.md, "Load signals");
 - `POST /control` with JSON `{"waiting": w, "running": r, "kv": k}`: sets those values;
 - anything else: `{"served_by": "127.0.0.1:PORT"}` with the `x-served-by` header, like
   testkit/echo_backends.py.

@@ -298,8 +298,8 @@ class EppConfig:
     scrape_budget_per_s: float = 500.0
     # Share of an engine's server time the pickers' scrapes may take, all pickers together
     # (extproc/scraping/plan.py): an endpoint whose scrape takes c seconds is scraped at most every
-    # c x pickers / share (at most 1 s apart). vLLM 0.32 renders its whole page, ~6 ms on the
-    # development machine, so one picker scrapes it every 300 ms; a 1 ms page keeps 50 ms. 0: no floor.
+    # c x pickers / share (at most 1 s apart). vLLM 0.32 renders its whole page, 7-8 ms on the
+    # development machine, so one picker scrapes it every ~370 ms; a 1 ms page keeps 50 ms. 0: no floor.
     scrape_engine_share: float = 0.02
     metrics_staleness_threshold_s: float = 2.0
     scrape_timeout_s: float = 1.0

@@ -29,10 +29,10 @@ picker's own in-flight counts are always current (extproc/scheduling/load.py add
 routed since the last scrape to its queue).
 
 The engine's side: a scrape costs the model server a render of its page, on the process that
-also serves the requests (vLLM's API server renders its whole ~50 KB page, about 6 ms of a core on
-the 2-core development machine, whatever families are asked for: at 50 ms that is 12% of its core,
-bench/results/vllm-scrape-cost.md). So each endpoint's own interval has a floor that bounds the
-share of its server's time that the pickers' scrapes take:
+also serves the requests (vLLM's API server renders its whole ~50 KB page, 7-8 ms of a core on
+the 2-core development machine, whatever families are asked for: at 50 ms an idle engine spent
+15.5% of its core, bench/results/vllm-scrape-cost.md). So each endpoint's own interval has a floor
+that bounds the share of its server's time that the pickers' scrapes take:
 
     floor(e) = min(MAX_FLOOR_S, cost(e) x scrapers / engine_share)
     interval(e) = max(interval(n), floor(e))      (and a touched endpoint: max(base, floor(e)))
@@ -41,7 +41,7 @@ with cost(e) the endpoint's scrape duration as the picker measures it (GET sent 
 exponentially smoothed, COST_ALPHA), `engine_share` = --scrape-engine-share (2% by default; 0:
 no floor) and `scrapers` the picker processes scraping the same engines (this one, its sibling
 workers and the peers it syncs with; `set_scrapers`): the share is the pool's, not each
-picker's. A 6 ms render is scraped every 300 ms by one picker, a 1 ms one (a page the engine
+picker's. A 7 ms render is scraped every 350 ms by one picker, a 1 ms one (a page the engine
 renders quickly, or the simulator's) keeps the base 50 ms. The duration includes the engine's
 queueing for its CPU and the picker's own event-loop delay, so a busier engine or picker is
 scraped less often; MAX_FLOOR_S (1 s) keeps every endpoint scraped at least once a second.

@@ -5,12 +5,9 @@ the process divides the share among the pickers and workers that scrape the same
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-from aiohttp import web
 from prometheus_client import generate_latest
 
 from extproc.config.settings import EppConfig, SyncConfig
@@ -19,50 +16,36 @@ from extproc.runtime.app import App
 from extproc.scraping.scraper import MetricsScraper
 from extproc.telemetry.epp import EppMetrics
 from testkit.procs import free_ports, until
-from testkit.vllm_text import exposition
+
+from .conftest import FakeEngine
 
 SHARE = 0.05  # a 10 ms page: at least 200 ms apart
 
 
-@pytest.fixture
-async def servers() -> AsyncIterator[tuple[dict[int, int], int, int]]:
-    """Two model servers: `slow` answers 10 ms after each request, `fast` at once; scrape counts."""
-    slow, fast = free_ports(2)
-    counts = {slow: 0, fast: 0}
-    page = exposition(1, 0, 0.2)
-    runners = []
-    for port, delay in ((slow, 0.010), (fast, 0.0)):
-        async def handle(request: web.Request, port: int = port, delay: float = delay) -> web.Response:
-            counts[port] += 1
-            if delay:
-                await asyncio.sleep(delay)  # the engine rendering its page
-            return web.Response(body=page, content_type="text/plain")
+async def test_a_page_that_takes_longer_is_scraped_less_often(engines: dict[int, FakeEngine]) -> None:
+    """Of two model servers, `slow` answers 10 ms after each request, `fast` at once."""
+    slow, fast = list(engines)[:2]
+    engines[slow].delay = 0.010
+    counts = {port: 0 for port in (slow, fast)}
 
-        app = web.Application()
-        app.router.add_get("/metrics", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-    yield counts, slow, fast
-    for runner in runners:
-        await runner.cleanup()
+    def count() -> None:
+        for port in counts:
+            counts[port] = engines[port].hits
 
-
-async def test_a_page_that_takes_longer_is_scraped_less_often(servers: tuple[dict[int, int], int, int]) -> None:
-    counts, slow, fast = servers
     ds = Datastore()
     ds.set_endpoints([EndpointSpec("127.0.0.1", slow), EndpointSpec("127.0.0.1", fast)])
     scraper = MetricsScraper(replace(EppConfig(), scrape_engine_share=SHARE), ds)
     task = asyncio.create_task(scraper.run())
     try:
         await until(lambda: all(ep.metrics is not None and ep.metrics.ok for ep in ds.snapshot()), timeout=30)
-        await until(lambda: counts[slow] >= 3, timeout=30)
+        await until(lambda: engines[slow].hits >= 3, timeout=30)
+        count()
         before = dict(counts)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        await until(lambda: counts[slow] >= before[slow] + 5, timeout=30)
+        await until(lambda: engines[slow].hits >= before[slow] + 5, timeout=30)
         elapsed = loop.time() - t0
+        count()
         slow_m = ds.get(f"127.0.0.1:{slow}").metrics  # type: ignore[union-attr]
         fast_m = ds.get(f"127.0.0.1:{fast}").metrics  # type: ignore[union-attr]
         text = generate_latest(EppMetrics(ds, None, "pool-x").registry).decode()

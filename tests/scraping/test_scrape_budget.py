@@ -22,6 +22,8 @@ from extproc.scraping.scraper import FAMILIES, MetricsScraper
 from testkit.procs import free_ports, python_module, running, until, wait_for_port
 from testkit.vllm_text import exposition
 
+from .conftest import serve_metrics
+
 # The engine-share floor off: these tests read the budget and the base interval alone (its own tests:
 # test_engine_share.py, test_plan.py).
 CFG = replace(EppConfig(), refresh_metrics_interval_s=0.05, scrape_timeout_s=1.0, scrape_engine_share=0.0)
@@ -52,12 +54,7 @@ class Recorder:
                 self.queries[port].append(request.query.getall("name[]", []))
                 return web.Response(body=page, content_type="text/plain")
 
-            app = web.Application()
-            app.router.add_get("/metrics", handle)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port).start()
-            self.runners.append(runner)
+            self.runners.append(await serve_metrics(port, handle))
 
     async def close(self) -> None:
         for runner in self.runners:

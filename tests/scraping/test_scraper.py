@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from prometheus_client import generate_latest
 
 from extproc.config.settings import EppConfig, PrefixConfig
@@ -20,42 +18,7 @@ from extproc.telemetry.epp import EppMetrics
 from testkit.procs import free_port, free_ports, python_module, running, wait_for_port
 from testkit.vllm_text import exposition
 
-
-@dataclass
-class FakeEngine:
-    body: bytes
-    status: int = 200
-    delay: float = 0.0
-    arrivals: list[float] = field(default_factory=list)  # time.monotonic() when each GET arrived
-
-    @property
-    def hits(self) -> int:
-        return len(self.arrivals)
-
-
-@pytest.fixture
-async def engines() -> AsyncIterator[dict[int, FakeEngine]]:
-    """Three model servers on 127.0.0.1, each serving the /metrics page of its FakeEngine."""
-    state: dict[int, FakeEngine] = {}
-    runners = []
-    for port in free_ports(3):
-        engine = state[port] = FakeEngine(exposition(0, 0, 0.0))
-
-        async def handle(_: web.Request, engine: FakeEngine = engine) -> web.Response:
-            engine.arrivals.append(time.monotonic())
-            if engine.delay:
-                await asyncio.sleep(engine.delay)
-            return web.Response(body=engine.body, status=engine.status, content_type="text/plain")
-
-        app = web.Application()
-        app.router.add_get("/metrics", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-    yield state
-    for runner in runners:
-        await runner.cleanup()
+from .conftest import FakeEngine
 
 
 def specs(ports: list[int]) -> list[EndpointSpec]:
