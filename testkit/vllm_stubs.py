@@ -10,6 +10,10 @@ Each port serves:
   testkit/echo_backends.py.
 Used to measure the scraper's CPU cost in another process, and as load-reporting backends in
 end-to-end tests.
+
+In process, for the scraper's tests: `serve_metrics(port, handle)` answers GET /metrics with a
+handler, and a `FakeEngine` holds the page, status and answer delay a test sets (the
+tests/scraping `engines` fixture serves three).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
@@ -50,13 +56,37 @@ def make_app(name: str) -> web.Application:
     return app
 
 
+async def serve(port: int, app: web.Application) -> web.AppRunner:
+    """`app` on 127.0.0.1:`port`; the runner to clean up."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def serve_metrics(port: int, handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.AppRunner:
+    """GET /metrics on 127.0.0.1:`port` answered by `handle`."""
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    return await serve(port, app)
+
+
+@dataclass
+class FakeEngine:
+    """A model server's /metrics as a test drives it."""
+
+    body: bytes
+    status: int = 200
+    delay: float = 0.0  # seconds before each answer (the engine rendering its page)
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() when each GET arrived
+
+    @property
+    def hits(self) -> int:
+        return len(self.arrivals)
+
+
 async def main(ports: list[int]) -> None:
-    runners = []
-    for port in ports:
-        runner = web.AppRunner(make_app(f"127.0.0.1:{port}"), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
+    runners = [await serve(port, make_app(f"127.0.0.1:{port}")) for port in ports]
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

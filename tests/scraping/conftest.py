@@ -1,41 +1,17 @@
-"""Model servers on loopback for the scraper tests: `serve_metrics` answers GET /metrics with a
-handler, and the `engines` fixture runs three `FakeEngine`s whose page, status and answer delay
-a test sets."""
+"""The scraper tests' model servers: three `FakeEngine`s (testkit/vllm_stubs.py) on loopback."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 
 from testkit.procs import free_ports
+from testkit.vllm_stubs import FakeEngine, serve_metrics
 from testkit.vllm_text import exposition
-
-
-async def serve_metrics(port: int, handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.AppRunner:
-    """GET /metrics on 127.0.0.1:`port` answered by `handle`; the runner to clean up."""
-    app = web.Application()
-    app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner
-
-
-@dataclass
-class FakeEngine:
-    body: bytes
-    status: int = 200
-    delay: float = 0.0  # seconds before each answer (the engine rendering its page)
-    arrivals: list[float] = field(default_factory=list)  # time.monotonic() when each GET arrived
-
-    @property
-    def hits(self) -> int:
-        return len(self.arrivals)
 
 
 @pytest.fixture

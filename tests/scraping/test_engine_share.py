@@ -16,8 +16,7 @@ from extproc.runtime.app import App
 from extproc.scraping.scraper import MetricsScraper
 from extproc.telemetry.epp import EppMetrics
 from testkit.procs import free_ports, until
-
-from .conftest import FakeEngine
+from testkit.vllm_stubs import FakeEngine
 
 SHARE = 0.05  # a 10 ms page: at least 200 ms apart
 

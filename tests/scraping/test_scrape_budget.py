@@ -20,9 +20,8 @@ from extproc.config.settings import EppConfig, MetricsSourceConfig
 from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.scraping.scraper import FAMILIES, MetricsScraper
 from testkit.procs import free_ports, python_module, running, until, wait_for_port
+from testkit.vllm_stubs import serve_metrics
 from testkit.vllm_text import exposition
-
-from .conftest import serve_metrics
 
 # The engine-share floor off: these tests read the budget and the base interval alone (its own tests:
 # test_engine_share.py, test_plan.py).

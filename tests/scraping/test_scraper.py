@@ -16,9 +16,8 @@ from extproc.prefix.index import PrefixIndex
 from extproc.scraping.scraper import MetricsScraper
 from extproc.telemetry.epp import EppMetrics
 from testkit.procs import free_port, free_ports, python_module, running, wait_for_port
+from testkit.vllm_stubs import FakeEngine
 from testkit.vllm_text import exposition
-
-from .conftest import FakeEngine
 
 
 def specs(ports: list[int]) -> list[EndpointSpec]:
