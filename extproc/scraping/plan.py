@@ -41,8 +41,8 @@ with cost(e) the endpoint's scrape duration as the picker measures it (GET sent 
 exponentially smoothed, COST_ALPHA), `engine_share` = --scrape-engine-share (2% by default; 0:
 no floor) and `scrapers` the picker processes scraping the same engines (this one, its sibling
 workers and the peers it syncs with; `set_scrapers`): the share is the pool's, not each
-picker's. A 7 ms render is scraped every 350 ms by one picker, a 1 ms one (a page the engine
-renders quickly, or the simulator's) keeps the base 50 ms. The duration includes the engine's
+picker's. A 7 ms render is scraped every 350 ms by one picker, a 1 ms one keeps the base 50 ms
+(the simulator's page, 1.5-3 ms, every 75-150 ms). The duration includes the engine's
 queueing for its CPU and the picker's own event-loop delay, so a busier engine or picker is
 scraped less often; MAX_FLOOR_S (1 s) keeps every endpoint scraped at least once a second.
 
