@@ -21,7 +21,8 @@
    request sequences as `--backend vllm`) on 2 simulated engines with the engines' cache (512
    blocks of 32 tokens), that profile, and the model's tokenizer.json (`prefix-epp sim
    --tokenizer`: the simulator counts and hashes the engine's real token ids).
-3. `table` puts each (workload, router) of bench-vllm.json and bench-sim-vllm.json side by side:
+3. `table` puts each (workload, router) of bench-vllm-1201.json (the real run of 12-01, beside which the
+   profile was fitted) and bench-sim-vllm.json side by side:
    hit rate (the real engines' counters; the simulator's usage) and TTFT p50/p90, with the
    simulator's relative error, and flags where it misses the bounds the comparison is held to
    (HIT_BOUND, TTFT_BOUND).
@@ -55,7 +56,7 @@ TRIALS = 3
 DECODE_TOKENS = 48
 DECODE_BATCH = 4
 HIT_BOUND, TTFT_BOUND = 0.10, 0.25  # relative error the simulator is held to (hit rate, TTFT p50)
-REAL, SIM = "bench-vllm", "bench-sim-vllm"
+REAL, SIM = "bench-vllm-1201", "bench-sim-vllm"  # the real run the simulator was fitted beside (12-01)
 
 
 def prompt_of(tokens: int, salt: int) -> str:
