@@ -37,14 +37,14 @@ that bounds the share of its server's time that the pickers' scrapes take:
     floor(e) = min(MAX_FLOOR_S, cost(e) x scrapers / engine_share)
     interval(e) = max(interval(n), floor(e))      (and a touched endpoint: max(base, floor(e)))
 
-with cost(e) the endpoint's scrape duration as the picker measures it (GET sent to page read,
-exponentially smoothed, COST_ALPHA), `engine_share` = --scrape-engine-share (2% by default; 0:
+with cost(e) the shortest of the endpoint's last COST_WINDOW (8) scrape durations as the picker
+measures them (GET sent to page read), `engine_share` = --scrape-engine-share (2% by default; 0:
 no floor) and `scrapers` the picker processes scraping the same engines (this one, its sibling
 workers and the peers it syncs with; `set_scrapers`): the share is the pool's, not each
-picker's. A 7 ms render is scraped every 350 ms by one picker, a 1 ms one keeps the base 50 ms
-(the simulator's page, 1.5-3 ms, every 75-150 ms). The duration includes the engine's
-queueing for its CPU and the picker's own event-loop delay, so a busier engine or picker is
-scraped less often; MAX_FLOOR_S (1 s) keeps every endpoint scraped at least once a second.
+picker's. A 7 ms render is scraped every 350 ms by one picker, a 1 ms one keeps the base 50 ms.
+The shortest, not a mean: a GET that waited behind the engine's own work, or behind the picker's
+event loop, cost the engine no more CPU, and a mean would scrape a busy engine less often just
+when its queue is the news. MAX_FLOOR_S (1 s) keeps every endpoint scraped at least once a second.
 
 The plan is pure: the caller passes the clock's `now` and the scrapes' durations and runs the
 scrapes (extproc/scraping/scraper.py); a scrape in progress is not due again until `done`.
@@ -53,9 +53,9 @@ scrapes (extproc/scraping/scraper.py); a scrape in progress is not due again unt
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-COST_ALPHA = 0.25  # weight of the newest scrape duration in cost(e)
+COST_WINDOW = 8  # cost(e) is the shortest of the endpoint's last COST_WINDOW scrape durations
 MAX_FLOOR_S = 1.0  # the engine-share floor never holds an endpoint's interval above this
 
 
@@ -65,7 +65,7 @@ class _State:
     started: float  # when its last scrape started (-inf: never)
     running: bool = False
     touched: bool = False
-    cost_s: float = 0.0  # smoothed scrape duration (0: none measured yet)
+    recent: list[float] = field(default_factory=list)  # its last COST_WINDOW scrape durations
     floor_s: float = 0.0  # the interval floor its cost sets (module docstring)
 
 
@@ -103,8 +103,11 @@ class ScrapePlan:
         st = self._states.get(key)
         if st is None or seconds < 0:
             return
-        st.cost_s = seconds if st.cost_s == 0.0 else st.cost_s + COST_ALPHA * (seconds - st.cost_s)
-        st.floor_s = self._floor(st.cost_s)
+        recent = st.recent
+        if len(recent) >= COST_WINDOW:
+            del recent[0]
+        recent.append(seconds)
+        st.floor_s = self._floor(recent)
 
     def set_scrapers(self, n: int) -> None:
         """`n` picker processes (this one included) scrape these engines and share engine_share."""
@@ -112,9 +115,10 @@ class ScrapePlan:
         if n != self.scrapers:
             self.scrapers = n
             for st in self._states.values():
-                st.floor_s = self._floor(st.cost_s)
+                st.floor_s = self._floor(st.recent)
 
-    def _floor(self, cost_s: float) -> float:
+    def _floor(self, recent: list[float]) -> float:
+        cost_s = min(recent, default=0.0)
         if self.engine_share == 0.0 or cost_s == 0.0:
             return 0.0
         return min(MAX_FLOOR_S, cost_s * self.scrapers / self.engine_share)

@@ -9,7 +9,7 @@ from itertools import pairwise
 
 import pytest
 
-from extproc.scraping.plan import ScrapePlan
+from extproc.scraping.plan import COST_WINDOW, ScrapePlan
 
 BASE, BUDGET = 0.05, 1000.0
 
@@ -141,16 +141,18 @@ def test_a_scrape_that_costs_its_engine_6_ms_is_taken_every_300_ms() -> None:
     assert plan.interval_of("slow") == pytest.approx(0.3) and plan.interval_of("fast") == BASE
 
 
-def test_the_floor_follows_the_measured_cost() -> None:
+def test_the_floor_follows_the_shortest_recent_scrape() -> None:
     plan = ScrapePlan(BASE, BUDGET, 0.02)
     plan.add("e", 0.0)
     plan.observe("e", 0.006)
     assert plan.interval_of("e") == pytest.approx(0.3)
-    for _ in range(40):  # the engine got faster: the floor comes down with the smoothed cost
-        plan.observe("e", 0.002)
-    assert plan.interval_of("e") == pytest.approx(0.1, rel=0.01)
-    plan.observe("e", 0.2)  # one very slow answer: capped at a second, never scraped less often
-    assert plan.interval_of("e") == 1.0
+    plan.observe("e", 0.002)  # a faster render: the floor comes down at once
+    assert plan.interval_of("e") == pytest.approx(0.1)
+    for _ in range(COST_WINDOW - 1):  # answers delayed by the engine's own work cost it no more CPU
+        plan.observe("e", 0.05)
+    assert plan.interval_of("e") == pytest.approx(0.1)
+    plan.observe("e", 0.05)  # a whole window of slow answers: the render itself got dearer
+    assert plan.interval_of("e") == 1.0  # 2.5 s, capped: never less than once a second
 
 
 def test_the_share_is_the_pools_so_more_pickers_each_scrape_less() -> None:
