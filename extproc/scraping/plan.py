@@ -53,6 +53,7 @@ scrapes (extproc/scraping/scraper.py); a scrape in progress is not due again unt
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
 
 COST_WINDOW = 8  # cost(e) is the shortest of the endpoint's last COST_WINDOW scrape durations
@@ -65,7 +66,7 @@ class _State:
     started: float  # when its last scrape started (-inf: never)
     running: bool = False
     touched: bool = False
-    recent: list[float] = field(default_factory=list)  # its last COST_WINDOW scrape durations
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))  # its last scrape durations
     floor_s: float = 0.0  # the interval floor its cost sets (module docstring)
 
 
@@ -103,11 +104,8 @@ class ScrapePlan:
         st = self._states.get(key)
         if st is None or seconds < 0:
             return
-        recent = st.recent
-        if len(recent) >= COST_WINDOW:
-            del recent[0]
-        recent.append(seconds)
-        st.floor_s = self._floor(recent)
+        st.recent.append(seconds)
+        st.floor_s = self._floor(st.recent)
 
     def set_scrapers(self, n: int) -> None:
         """`n` picker processes (this one included) scrape these engines and share engine_share."""
@@ -117,7 +115,7 @@ class ScrapePlan:
             for st in self._states.values():
                 st.floor_s = self._floor(st.recent)
 
-    def _floor(self, recent: list[float]) -> float:
+    def _floor(self, recent: deque[float]) -> float:
         cost_s = min(recent, default=0.0)
         if self.engine_share == 0.0 or cost_s == 0.0:
             return 0.0
