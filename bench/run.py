@@ -30,7 +30,7 @@ decode-bound, heterogeneous, minimal-metrics); results go to {name}-{profile}.
 `--backend vllm` runs the same matrix on 2 real vLLM engines instead (`bench.lib.vllm_backend`:
 vLLM's CPU build and a tiny model, started once for the whole matrix, both prefix caches reset
 and both engines idle before every run): the vLLM-sized workloads (`VLLM_WORKLOADS` of
-`bench.lib.workloads`), the oracle at the engines' block size over the model's real token ids,
+`bench.lib.vllm_workloads`), the oracle at the engines' block size over the model's real token ids,
 and beside the usage-based hit rate the engines' own (their prefix-cache counters); results go
 to bench-vllm by default. The clairvoyant reference reads the simulator's true caches, so it is
 sim-only; `--replicas` and `--time-scale` do not apply. A router setup that fails against the
@@ -79,7 +79,8 @@ from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetiti
 from bench.lib.routers import PICKER_TRANSPORT, ROUTERS, SimSettings, go_epp_available
 from bench.lib.runner import RouterSpec, run_retrying, sim_settings
 from bench.lib.tables import fmt
-from bench.lib.workloads import VLLM_WORKLOADS, WORKLOADS, Workload, build, build_vllm
+from bench.lib.vllm_workloads import VLLM_WORKLOADS, build_vllm
+from bench.lib.workloads import WORKLOADS, Workload, build
 from extproc.tokenization.tokenizer_json import HFTokenizer
 from testkit.vllm import NUM_BLOCKS
 from testkit.vllm_env import ensure

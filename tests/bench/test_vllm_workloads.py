@@ -11,7 +11,8 @@ import pytest
 
 from bench.lib.oracle import VLLM_BLOCK_SIZE, vllm_oracle, vllm_tokens, workload_requests
 from bench.lib.vllm_backend import ENGINES
-from bench.lib.workloads import VLLM_SAMPLING, VLLM_WORKLOADS, Session, Workload, body, build, build_vllm, text
+from bench.lib.vllm_workloads import VLLM_SAMPLING, VLLM_WORKLOADS, build_vllm
+from bench.lib.workloads import Session, Workload, body, build, text
 from extproc.tokenization.tokenizer_json import HFTokenizer
 from testkit.vllm import BLOCK_SIZE, NUM_BLOCKS
 from testkit.vllm_env import built
