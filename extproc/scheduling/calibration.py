@@ -18,6 +18,14 @@ slowdown: observed over predicted TTFT, learned per endpoint (LatencyConfig.cali
   windows to fade, mis-sizing every prompt and the index's capacity meanwhile. Means of both
   sides, so peer pickers routing to the same engines do not skew it. (vLLM V1 counts a prompt's
   tokens with its first token, so both counters cover the same requests.)
+  Estimates and the slowdown stay in one unit: while bytes per token is still the prior and an
+  engine's counters can measure it, that engine's slowdown windows are not read (predictions of
+  untokenized prompts carry the prior's error, 1.6x for text of 6.4 bytes per token, and their
+  backlogs drained at the wrong rate), and each move of bytes per token rescales what was
+  estimated with the old value (`_rescale`): a slowdown learned on 4 bytes per token while the
+  text has 6.4 reads the engine 0.4x as slow as it is, and kept so by the running mean it
+  turned cold prompts onto replicas whose queues it read as short (decode-bound shared-prefix
+  TTFT p99 1,671 ms against 1,002 with the prompts tokenized).
 
 
 Calibration without the TTFT histogram (an engine that exports none, as many non-vLLM engines):
@@ -92,8 +100,37 @@ class Calibration:
             self._bpt_windows += 1
             step = max(ALPHA, 1.0 / self._bpt_windows)
             bpt = self.bytes_per_token + step * (ratio - self.bytes_per_token)
-            self.bytes_per_token = min(max(bpt, MIN_BYTES_PER_TOKEN), MAX_BYTES_PER_TOKEN)
+            self._rescale(self.bytes_per_token, min(max(bpt, MIN_BYTES_PER_TOKEN), MAX_BYTES_PER_TOKEN))
         w.prompt_tokens, w.requests, w.bytes_routed, w.bytes_requests = prompt_tokens, requests, 0.0, 0
+
+    def _rescale(self, before: float, after: float) -> None:
+        """Bytes per token moves from `before` to `after`: a prompt estimated with `before` holds
+        r = before / after times the tokens it was taken for. On each endpoint, the share
+        `estimated` of its predictions was made in those units, so its estimated quantities (the
+        backlog, the mean uncached request, the open window's base sum) shrink by
+        f = 1 - estimated + estimated x r, and a slowdown it learned on them grows by 1 / f: a
+        prediction in ms stays what the engine was measured at, and the slowdown no longer
+        carries the old estimate's error into the predictions of new prompts (f scales the
+        fixed overhead too; it is small beside a prefill). Without this, the first window's
+        move from the prior (4) to real text's 5-7 bytes per token left every slowdown learned
+        before it at a fraction of the engine's, for as many windows as the running mean needs
+        to dilute it: each engine read 2.5x faster than it was, and its queue as that much
+        shorter."""
+        self.bytes_per_token = after
+        r = before / after
+        if r == 1.0:
+            return
+        for w in self._work.values():
+            f = 1.0 - w.estimated + w.estimated * r
+            w.backlog *= f
+            w.routed_backlog *= f
+            w.mean_uncached *= f
+            w.base_sum_ms *= f
+            if w.partial_ratio >= 0:
+                w.partial_ratio /= f
+            if w.calibration_source in CALIBRATED:
+                w.slowdown = min(max(w.slowdown / f, self.config.min_slowdown), self.config.max_slowdown)
+        self._share_calibration()
 
     def _calibrate(self, w: EndpointWork, ttft_sum_s: float, ttft_count: float) -> None:
         if w.ttft_count < 0 or ttft_count < w.ttft_count:  # first sight, or the engine restarted

@@ -29,6 +29,10 @@ class EndpointWork:
     churn: float = 0.0  # tokens recently inserted into its cache (see the module docstring)
     slowdown: float = 1.0
     mean_uncached: float = 0.0
+    # Share of the requests routed here whose prompt tokens were estimated from bytes (not tokenized),
+    # exponentially weighted (ALPHA): how much of its predictions, and so of its slowdown, is in
+    # units of the pool's bytes per token (calibration.py, rescale).
+    estimated: float = 1.0
     routed_tokens_since_scrape: float = 0.0
     routed_tokens_before: float = 0.0  # in the interval before the last scrape
     seen_scrape_at: float = -1.0  # updated_at of the last scrape applied

@@ -136,8 +136,17 @@ class LatencyModel(Calibration):
         elif m.waiting > 0:
             w.backlog = max(w.backlog, m.waiting * w.mean_uncached)
         w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
+        if m.prompt_tokens >= 0 and m.ttft_count >= 0:
+            self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
         if self.config.calibrate and m.ttft_count >= 0:
-            self._calibrate(w, m.ttft_sum_s, m.ttft_count)
+            if self._bpt_windows == 0 and m.prompt_tokens >= 0 and w.estimated >= 0.5:
+                # Predictions from bytes at the prior's bytes per token, which this engine's
+                # counters are about to measure: a window of them reads the prior's error, and
+                # its backlogs drained at the wrong rate besides (calibration.py, _rescale), so
+                # the first slowdown window starts once bytes per token is measured.
+                w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = m.ttft_sum_s, m.ttft_count, 0.0, 0
+            else:
+                self._calibrate(w, m.ttft_sum_s, m.ttft_count)
             # First tokens overdue (first_token.py): at least this slow, unless a late one may
             # have waited for a slot rather than for prefill.
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0)
@@ -146,8 +155,6 @@ class LatencyModel(Calibration):
                 self._share_calibration()
             w.backlog = max(w.backlog, unfinished)
             w.routed_backlog = max(w.routed_backlog, min(unfinished, w.backlog))
-        if m.prompt_tokens >= 0 and m.ttft_count >= 0:
-            self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
 
     def snapshot(self, now: float) -> list[tuple[str, float, float, SlotState]]:
         """(endpoint, backlog drained to `now`, slowdown, slot state) per endpoint, without
@@ -247,10 +254,12 @@ class LatencyModel(Calibration):
             self._calibrate_from_end(w, elapsed_ms, routing)
 
     def routed(self, ep: Endpoint, uncached: float, base_ms: float | None, now: float,
-               prompt_bytes: int = 0) -> None:
+               prompt_bytes: int = 0, estimated: bool = True) -> None:
         """A request with `uncached` tokens to prefill was routed to `ep`, predicted at base_ms
-        (None: not this picker's prediction, e.g. a fallback that served; not calibrated on)."""
+        (None: not this picker's prediction, e.g. a fallback that served; not calibrated on);
+        `estimated`: its tokens were estimated from its bytes, not counted by a tokenizer."""
         w = self.work(ep, now)
+        w.estimated += ALPHA * ((1.0 if estimated else 0.0) - w.estimated)
         w.backlog += uncached
         w.routed_backlog += uncached
         w.routed_total += uncached

@@ -6,7 +6,7 @@ import pytest
 
 from extproc.config.settings import LatencyConfig
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
-from extproc.scheduling.endpoint_work import CHURN_HALF_LIFE_S
+from extproc.scheduling.endpoint_work import ALPHA, CHURN_HALF_LIFE_S
 from extproc.scheduling.interfaces import Routing
 from extproc.scheduling.latency import LatencyModel
 
@@ -302,3 +302,71 @@ def test_an_endpoint_not_yet_calibrated_takes_the_pools_calibration() -> None:
     assert model.work(d, clock.now).slowdown == pytest.approx(5.0)
     window(c, 1.0)
     assert wc.slowdown == pytest.approx(1.0) and wc.calibration_source == "response-ends"
+
+
+def _window(model: LatencyModel, ds: Datastore, ep: Endpoint, clock: Clock, routed: int, ttft_ms: float,
+            *, prompt_bytes: int = 0, tokens_each: int = -1, estimated: bool = True) -> None:
+    """`routed` requests predicted at a 100 ms base each, then a scrape that shows 8 more first
+    tokens at `ttft_ms` each (and, with `tokens_each` >= 0, their prompt tokens)."""
+    for _ in range(routed):
+        model.routed(ep, 1000, 100.0, clock.now, prompt_bytes=prompt_bytes, estimated=estimated)
+    m = ep.metrics
+    count, total = (m.ttft_count, m.ttft_sum_s) if m is not None and m.ttft_count >= 0 else (0.0, 0.0)
+    tokens = m.prompt_tokens if m is not None and m.prompt_tokens >= 0 else 0.0
+    clock.now += 0.05
+    ds.set_metrics(ep.key, ModelServerMetrics(
+        ttft_count=count + 8, ttft_sum_s=total + 8 * ttft_ms / 1000,
+        prompt_tokens=tokens + 8 * tokens_each if tokens_each >= 0 else -1.0, updated_at=clock.now, ok=True))
+    model.work(ep, clock.now)
+
+
+def test_the_first_slowdown_window_waits_for_bytes_per_token_to_be_measured() -> None:
+    """Predictions from bytes at the prior's 4 bytes per token, on an engine whose counters will
+    measure it: a window while the prior stands is no slowdown window (its predictions carry the
+    prior's error), and the one that measures 6.4 bytes per token reads its predictions in the
+    measured units: 60 ms observed against 100 x 4 / 6.4 = 62.5 predicted."""
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    _window(model, ds, ep, clock, 0, 0.0, tokens_each=0)  # first sight: the windows open
+    # 8 first tokens at 60 ms, but the prompt-token counter has not moved: nothing measured.
+    _window(model, ds, ep, clock, 8, 60.0, prompt_bytes=6400, tokens_each=0)
+    w = model.work(ep, clock.now)
+    assert model.bytes_per_token == 4
+    assert (w.slowdown, w.calibration_source) == (1.0, "prior")  # 60 / 100 not read as 0.6
+    _window(model, ds, ep, clock, 8, 60.0, prompt_bytes=6400, tokens_each=1000)
+    assert model.bytes_per_token == pytest.approx(6.4)
+    assert w.slowdown == pytest.approx(60 / 62.5) and w.calibration_source == "ttft-histogram"
+    # 16 estimates of 1,000 tokens (exponentially weighted from 0), then in the measured units:
+    assert w.mean_uncached == pytest.approx(1000 * (1 - (1 - ALPHA) ** 16) * 4 / 6.4)
+
+
+def test_a_slowdown_learned_on_estimates_is_rescaled_when_bytes_per_token_moves() -> None:
+    """An engine without a prompt-token counter was calibrated on estimated prompts (0.5) and a
+    tokenized one on counted prompts (0.5); another engine measures 8 bytes per token against
+    the prior's 4: the estimated prompts held half the tokens they were taken for, so the first
+    engine's slowdown doubles and its mean uncached request halves; the tokenized one's stand
+    (but for the share of its requests that were estimated: w.estimated)."""
+    clock = Clock()
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000 + i) for i in range(3)])
+    est, exact, meter = ds.snapshot()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    for ep in (est, exact):
+        _window(model, ds, ep, clock, 0, 0.0)
+    for _ in range(16):
+        model.routed(exact, 1000, None, clock.now, estimated=False)  # tokenized: not in bytes' units
+    _window(model, ds, est, clock, 4, 50.0)
+    _window(model, ds, exact, clock, 4, 50.0, estimated=False)
+    w_est, w_exact = model.work(est, clock.now), model.work(exact, clock.now)
+    assert w_est.slowdown == pytest.approx(0.5) and w_exact.slowdown == pytest.approx(0.5)
+    assert w_est.estimated == 1.0 and w_exact.estimated < 0.02
+    mean_est, mean_exact = w_est.mean_uncached, w_exact.mean_uncached
+    _window(model, ds, meter, clock, 0, 0.0, tokens_each=0)
+    _window(model, ds, meter, clock, 8, 100.0, prompt_bytes=8000, tokens_each=1000)
+    assert model.bytes_per_token == pytest.approx(8.0)
+    assert w_est.slowdown == pytest.approx(1.0)
+    assert w_est.mean_uncached == pytest.approx(mean_est / 2)
+    f = 1 - w_exact.estimated / 2
+    assert w_exact.slowdown == pytest.approx(0.5 / f, rel=1e-3) and w_exact.slowdown < 0.51
+    assert w_exact.mean_uncached == pytest.approx(mean_exact * f)

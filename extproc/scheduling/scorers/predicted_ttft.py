@@ -276,7 +276,7 @@ class PredictedTtftScorer:
         request.routing = Routing(chosen.key, now, base, wait,
                                   self.model.decode_ms(chosen, request.max_output_tokens),
                                   self.model.admit(chosen, now, base, wait, uncached))
-        self.model.routed(chosen, uncached, base, now, request.prompt_bytes)
+        self.model.routed(chosen, uncached, base, now, request.prompt_bytes, estimated=request.prompt_tokens <= 0)
         if self.auto_tune:
             self._retune(chosen)
         request.backlog_mark = (chosen.key, self.model.mark(chosen))
