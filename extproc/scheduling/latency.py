@@ -139,12 +139,13 @@ class LatencyModel(Calibration):
         if m.prompt_tokens >= 0 and m.ttft_count >= 0:
             self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
         if self.config.calibrate and m.ttft_count >= 0:
-            if self._bpt_windows == 0 and m.prompt_tokens >= 0 and w.estimated >= 0.5:
-                # Predictions from bytes at the prior's bytes per token, which this engine's
+            if w.window_at_prior and m.prompt_tokens >= 0 and w.estimated >= 0.5:
+                # Predictions from bytes at the prior's bytes per token, which the engines'
                 # counters are about to measure: a window of them reads the prior's error, and
                 # its backlogs drained at the wrong rate besides (calibration.py, _rescale), so
                 # the first slowdown window starts once bytes per token is measured.
                 w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = m.ttft_sum_s, m.ttft_count, 0.0, 0
+                w.window_at_prior = self._bpt_windows == 0
             else:
                 self._calibrate(w, m.ttft_sum_s, m.ttft_count)
             # First tokens overdue (first_token.py): at least this slow, unless a late one may

@@ -322,9 +322,8 @@ def _window(model: LatencyModel, ds: Datastore, ep: Endpoint, clock: Clock, rout
 
 def test_the_first_slowdown_window_waits_for_bytes_per_token_to_be_measured() -> None:
     """Predictions from bytes at the prior's 4 bytes per token, on an engine whose counters will
-    measure it: a window while the prior stands is no slowdown window (its predictions carry the
-    prior's error), and the one that measures 6.4 bytes per token reads its predictions in the
-    measured units: 60 ms observed against 100 x 4 / 6.4 = 62.5 predicted."""
+    measure it: a window opened while the prior stands is no slowdown window (its predictions
+    carry the prior's error), the one that measures 6.4 bytes per token included; the next one is."""
     clock = Clock()
     ds, ep = one_endpoint()
     model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
@@ -336,9 +335,11 @@ def test_the_first_slowdown_window_waits_for_bytes_per_token_to_be_measured() ->
     assert (w.slowdown, w.calibration_source) == (1.0, "prior")  # 60 / 100 not read as 0.6
     _window(model, ds, ep, clock, 8, 60.0, prompt_bytes=6400, tokens_each=1000)
     assert model.bytes_per_token == pytest.approx(6.4)
-    assert w.slowdown == pytest.approx(60 / 62.5) and w.calibration_source == "ttft-histogram"
+    assert (w.slowdown, w.calibration_source) == (1.0, "prior")  # its window opened at the prior
     # 16 estimates of 1,000 tokens (exponentially weighted from 0), then in the measured units:
     assert w.mean_uncached == pytest.approx(1000 * (1 - (1 - ALPHA) ** 16) * 4 / 6.4)
+    _window(model, ds, ep, clock, 4, 150.0, prompt_bytes=6400, tokens_each=1000)  # the first window read
+    assert w.slowdown == pytest.approx(150 / 100) and w.calibration_source == "ttft-histogram"
 
 
 def test_a_slowdown_learned_on_estimates_is_rescaled_when_bytes_per_token_moves() -> None:
