@@ -18,14 +18,13 @@ slowdown: observed over predicted TTFT, learned per endpoint (LatencyConfig.cali
   windows to fade, mis-sizing every prompt and the index's capacity meanwhile. Means of both
   sides, so peer pickers routing to the same engines do not skew it. (vLLM V1 counts a prompt's
   tokens with its first token, so both counters cover the same requests.)
-  Estimates and the slowdown stay in one unit: while bytes per token is still the prior and an
-  engine's counters can measure it, that engine's slowdown windows are not read (predictions of
-  untokenized prompts carry the prior's error, 1.6x for text of 6.4 bytes per token, and their
-  backlogs drained at the wrong rate), and each move of bytes per token rescales what was
-  estimated with the old value (`_rescale`): a slowdown learned on 4 bytes per token while the
-  text has 6.4 reads the engine 0.4x as slow as it is, and kept so by the running mean it
-  turned cold prompts onto replicas whose queues it read as short (decode-bound shared-prefix
-  TTFT p99 1,671 ms against 1,002 with the prompts tokenized).
+  Estimates and the slowdown stay in one unit: each move of bytes per token rescales what was
+  estimated with the old value (`_rescale`), and a scrape learns bytes per token before it closes
+  a TTFT window, so the window that measures it reads its predictions in the measured units. A
+  slowdown learned on 4 bytes per token while the text has 6.4 read the engine faster than it
+  was, the running mean kept it so for seconds, and cold prompts went to replicas whose queues
+  only looked short. (Not read at all, the windows opened at the prior cost more than they
+  save: a replica 4x slower is then found later.)
 
 
 Calibration without the TTFT histogram (an engine that exports none, as many non-vLLM engines):
@@ -114,8 +113,7 @@ class Calibration:
         fixed overhead too; it is small beside a prefill). Without this, the first window's
         move from the prior (4) to real text's 5-7 bytes per token left every slowdown learned
         before it at a fraction of the engine's, for as many windows as the running mean needs
-        to dilute it: each engine read 2.5x faster than it was, and its queue as that much
-        shorter."""
+        to dilute it."""
         self.bytes_per_token = after
         r = before / after
         if r == 1.0:

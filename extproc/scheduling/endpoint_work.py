@@ -42,7 +42,6 @@ class EndpointWork:
     base_sum_ms: float = 0.0
     routed: int = 0
     ttft_windows: int = 0  # TTFT-histogram windows measured so far
-    window_at_prior: bool = True  # the window opened while bytes per token was the prior (latency.py)
     partial_ratio: float = -1.0  # observed / predicted TTFT of the window so far (fewer first tokens); -1: none
     # Bytes-per-token window: engine counters at its start, our routed prompts since.
     prompt_tokens: float = -1.0

@@ -139,15 +139,8 @@ class LatencyModel(Calibration):
         if m.prompt_tokens >= 0 and m.ttft_count >= 0:
             self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
         if self.config.calibrate and m.ttft_count >= 0:
-            if w.window_at_prior and m.prompt_tokens >= 0 and w.estimated >= 0.5:
-                # Predictions from bytes at the prior's bytes per token, which the engines'
-                # counters are about to measure: a window of them reads the prior's error, and
-                # its backlogs drained at the wrong rate besides (calibration.py, _rescale), so
-                # the first slowdown window starts once bytes per token is measured.
-                w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = m.ttft_sum_s, m.ttft_count, 0.0, 0
-                w.window_at_prior = self._bpt_windows == 0
-            else:
-                self._calibrate(w, m.ttft_sum_s, m.ttft_count)
+            # After bytes per token: a window that measured it reads its predictions rescaled to it.
+            self._calibrate(w, m.ttft_sum_s, m.ttft_count)
             # First tokens overdue (first_token.py): at least this slow, unless a late one may
             # have waited for a slot rather than for prefill.
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0)

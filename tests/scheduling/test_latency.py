@@ -320,26 +320,21 @@ def _window(model: LatencyModel, ds: Datastore, ep: Endpoint, clock: Clock, rout
     model.work(ep, clock.now)
 
 
-def test_the_first_slowdown_window_waits_for_bytes_per_token_to_be_measured() -> None:
-    """Predictions from bytes at the prior's 4 bytes per token, on an engine whose counters will
-    measure it: a window opened while the prior stands is no slowdown window (its predictions
-    carry the prior's error), the one that measures 6.4 bytes per token included; the next one is."""
+def test_the_window_that_measures_bytes_per_token_reads_its_predictions_in_the_measured_units() -> None:
+    """Predictions from bytes at the prior's 4 bytes per token; the scrape that measures 6.4 bytes
+    per token closes a slowdown window too: bytes per token is learned first, so the window's
+    predictions are read rescaled to it: 60 ms observed against 100 x 4 / 6.4 = 62.5 predicted,
+    not against the 100 made with the prior's error (0.6)."""
     clock = Clock()
     ds, ep = one_endpoint()
     model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
     _window(model, ds, ep, clock, 0, 0.0, tokens_each=0)  # first sight: the windows open
-    # 8 first tokens at 60 ms, but the prompt-token counter has not moved: nothing measured.
-    _window(model, ds, ep, clock, 8, 60.0, prompt_bytes=6400, tokens_each=0)
-    w = model.work(ep, clock.now)
-    assert model.bytes_per_token == 4
-    assert (w.slowdown, w.calibration_source) == (1.0, "prior")  # 60 / 100 not read as 0.6
     _window(model, ds, ep, clock, 8, 60.0, prompt_bytes=6400, tokens_each=1000)
+    w = model.work(ep, clock.now)
     assert model.bytes_per_token == pytest.approx(6.4)
-    assert (w.slowdown, w.calibration_source) == (1.0, "prior")  # its window opened at the prior
-    # 16 estimates of 1,000 tokens (exponentially weighted from 0), then in the measured units:
-    assert w.mean_uncached == pytest.approx(1000 * (1 - (1 - ALPHA) ** 16) * 4 / 6.4)
-    _window(model, ds, ep, clock, 4, 150.0, prompt_bytes=6400, tokens_each=1000)  # the first window read
-    assert w.slowdown == pytest.approx(150 / 100) and w.calibration_source == "ttft-histogram"
+    assert w.slowdown == pytest.approx(60 / 62.5) and w.calibration_source == "ttft-histogram"
+    # 8 estimates of 1,000 tokens (exponentially weighted from 0), then in the measured units:
+    assert w.mean_uncached == pytest.approx(1000 * (1 - (1 - ALPHA) ** 8) * 4 / 6.4)
 
 
 def test_a_slowdown_learned_on_estimates_is_rescaled_when_bytes_per_token_moves() -> None:
