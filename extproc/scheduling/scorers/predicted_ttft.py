@@ -330,7 +330,7 @@ class PredictedTtftScorer:
         if before is not None:
             self.model.unrouted(primary, before[1], now)
         if after is not None:
-            self.model.routed(served, after[1], None, now)
+            self.model.routed(served, after[1], None, now, estimated=request.prompt_tokens <= 0)
             request.backlog_mark = (served.key, self.model.mark(served))
         if request.routing is not None:
             self.model.leave(primary, request.routing.token)
