@@ -12,7 +12,15 @@ slowdown: observed over predicted TTFT, learned per endpoint (LatencyConfig.cali
 - bytes per token (pool-wide, for prompts the picker did not tokenize): once a scrape shows at
   least MIN_FIRST_TOKENS new requests in the TTFT histogram and MIN_ROUTED were routed there,
       ratio = (prompt bytes routed / requests routed) / (delta vllm:prompt_tokens_total / delta count)
-  clamped to [1, 16]; PrefixConfig.bytes_per_token (4) until then. The first window replaces the
+  clamped to [1, 16]; PrefixConfig.bytes_per_token (4) until then. While it is still the prior, a
+  shorter window counts too where it is exact: the engine counted as many new first tokens as
+  were routed there since the window opened (so, with one picker, the tokens are those of the
+  bytes routed) and at least MIN_EXACT_TOKENS (1,024, so a short probe's template tokens do not
+  set it). Its first cold prompt measures it then, not the eighth: on a pool with one replica 4x
+  slower, until it was measured the fast replicas' backlogs read 1.6x too long (estimated at 4
+  bytes per token, drained at the rate of the tokens they held), the slow one's looked the
+  shortest, and the third cold prompt of the start went there (TTFT p99 3,267 ms against 1,778).
+  The first window replaces the
   prior, the n-th weighs 1/n (a running mean) until 1/n falls to ALPHA, then ALPHA smooths as for
   the slowdown: a prior off by 60% (text that tokenizes unlike English) would otherwise take ten
   windows to fade, mis-sizing every prompt and the index's capacity meanwhile. Means of both
@@ -68,6 +76,7 @@ from extproc.scheduling.endpoint_work import (
     MAX_BYTES_PER_TOKEN,
     MIN_BYTES_PER_TOKEN,
     MIN_ENDS,
+    MIN_EXACT_TOKENS,
     MIN_FIRST_TOKENS,
     MIN_ROUTED,
     EndpointWork,
@@ -90,9 +99,12 @@ class Calibration:
             w.prompt_tokens, w.requests, w.bytes_routed, w.bytes_requests = prompt_tokens, requests, 0.0, 0
             return
         seen = requests - w.requests
-        if seen < MIN_FIRST_TOKENS or w.bytes_requests < MIN_ROUTED:
-            return
         tokens = prompt_tokens - w.prompt_tokens
+        # While on the prior, a window whose counted requests are exactly those routed in it
+        # measures bytes per token as well as a long one (module docstring).
+        exact = self._bpt_windows == 0 and seen == w.bytes_requests and tokens >= MIN_EXACT_TOKENS
+        if not exact and (seen < MIN_FIRST_TOKENS or w.bytes_requests < MIN_ROUTED):
+            return
         if tokens > 0 and w.bytes_routed > 0:
             ratio = (w.bytes_routed / w.bytes_requests) / (tokens / seen)
             # A running mean until its weight falls to ALPHA's: the prior is only a stand-in.
@@ -106,7 +118,8 @@ class Calibration:
         """Bytes per token moves from `before` to `after`: a prompt estimated with `before` holds
         r = before / after times the tokens it was taken for. On each endpoint, the share
         `estimated` of its predictions was made in those units, so its estimated quantities (the
-        backlog, the mean uncached request, the open window's base sum) shrink by
+        backlog, the mean uncached request, the open window's base sum, the base predictions and
+        prompts of its requests awaiting a first token) shrink by
         f = 1 - estimated + estimated x r, and a slowdown it learned on them grows by 1 / f: a
         prediction in ms stays what the engine was measured at, and the slowdown no longer
         carries the old estimate's error into the predictions of new prompts (f scales the
@@ -124,6 +137,7 @@ class Calibration:
             w.routed_backlog *= f
             w.mean_uncached *= f
             w.base_sum_ms *= f
+            w.first.rescale(f)
             if w.partial_ratio >= 0:
                 w.partial_ratio /= f
             if w.calibration_source in CALIBRATED:

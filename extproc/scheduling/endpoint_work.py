@@ -15,6 +15,7 @@ MIN_BYTES_PER_TOKEN = 1.0
 MAX_BYTES_PER_TOKEN = 16.0
 CHURN_HALF_LIFE_S = 120.0
 MIN_ENDS = 8
+MIN_EXACT_TOKENS = 1024  # the least prompt tokens of a first bytes-per-token window that is exact
 # Calibration sources measured on the endpoint itself.
 CALIBRATED = ("ttft-histogram", "response-ends", "first-token-wait")
 

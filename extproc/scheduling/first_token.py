@@ -14,11 +14,19 @@ requests have theirs. If P < |W|, one of the P + 1 oldest has none: whichever en
 served them, that many first tokens cannot cover P + 1 requests. Its TTFT is at least its
 `elapsed` time, so the engine is at least
 
-    s_j   = (elapsed_j / MARGIN - wait_j) / base_j     (elapsed: since its routing)
+    s_j   = (elapsed_j / MARGIN - wait_j) / (base_j + share_j)     (elapsed: since its routing)
+    share_j = min(L_j, step_tokens - u_j mod step_tokens) x prefill_ms_per_token
     bound = min over the P + 1 oldest of s_j
     slowdown <- bound     when bound > slowdown
 
-times slower than the prior, the minimum because which of them is late is unknown. MARGIN
+times slower than the prior, the minimum because which of them is late is unknown. share_j
+prices the requests that may share the engine step finishing j's prefill (u_j uncached tokens):
+the step's first token comes at its end, and the scheduler fills its token budget with requests
+that arrived before it began. L_j: the prompt tokens of those routed after j, still awaiting a
+first token, and before j's last step was predicted to begin (its routing plus its base
+prediction but its own prefill, at the current slowdown); a step already running takes none. Unpriced, a warm
+1,200-token prompt queued behind a cold one read a healthy replica 2x slow when the next cold
+prompt routed there shared its step: spared from then on, it got no window to correct it. MARGIN
 is 1: the bound is what was observed, no guess about the spread (a healthy engine's late
 request raises it a little, until the next histogram window averages it away). And at
 least |W| - P of them have no first token, so their prefill is not done: the endpoint's
@@ -49,6 +57,7 @@ own first tokens so far read them faster (calibration.py).
 
 from __future__ import annotations
 
+import math
 from itertools import islice
 
 MARGIN = 1.0
@@ -79,16 +88,43 @@ class FirstTokenWait:
             self._ended += 1  # forgotten as if it had ended: P stays an upper bound
         awaiting[token] = (at, base_ms, wait_ms, uncached, queued, readable)
 
+    def rescale(self, f: float) -> None:
+        """The prompt tokens these requests were estimated at were f times too many (bytes per token
+        moved, calibration.py `_rescale`): their base predictions and prompt tokens shrink by f, so
+        a request routed before the move is read late against what it costs in the measured
+        units. Kept at the prior's, a replica 4x slower than the others read at most 2.5x until
+        its first requests ended, and looked idle to the next cold prompt."""
+        awaiting = self._awaiting
+        for token, (at, base_ms, wait_ms, uncached, queued, readable) in awaiting.items():
+            awaiting[token] = (at, base_ms * f, wait_ms, uncached * f, queued, readable)
+
+    @staticmethod
+    def _shared_ms(entries: list[tuple[float, float, float, float, bool, bool]], j: int, slowdown: float,
+                   step_tokens: int, ms_per_token: float) -> float:
+        """share_j (module docstring): the prefill of requests routed after entry j and before its
+        last step began (predicted: its routing plus its base prediction but its own prefill, at
+        `slowdown`), up to the step budget its own tokens leave."""
+        routed_at, base_ms, _, uncached, _, _ = entries[j]
+        starts = routed_at + max(0.0, base_ms - uncached * ms_per_token) * slowdown / 1000.0
+        later = 0.0
+        for e in islice(entries, j + 1, None):
+            if e[0] > starts:
+                break
+            later += e[3]
+        return min(later, step_tokens - uncached % step_tokens) * ms_per_token
+
     def remove(self, token: int) -> None:
         if self._awaiting.pop(token, None) is not None:
             self._ended += 1
 
-    def observe(self, first_tokens: float, at: float, slowdown: float,
-                queue: bool = False) -> tuple[float | None, float]:
+    def observe(self, first_tokens: float, at: float, slowdown: float, queue: bool = False,
+                step_tokens: int = 0, ms_per_token: float = 0.0) -> tuple[float | None, float]:
         """A scrape at `at` shows `first_tokens` produced in all, and `queue`: whether requests wait
         there: (the slowdown the late requests prove, or None when they prove no more than
         `slowdown` or may have waited for a slot; the prompt tokens still to be prefilled at least),
-        module docstring."""
+        module docstring. `step_tokens` (the engine's prefill tokens per step) and `ms_per_token`
+        (the prior's prefill cost) price the requests routed after each one that may share the
+        step that finishes its prefill; 0: not priced."""
         if self._base_count < 0 or first_tokens < self._base_count:  # first sight, or a restart
             if self._base_count >= 0 or first_tokens > 0:
                 self._awaiting.clear()  # which of those routed before were served is unknown
@@ -104,8 +140,13 @@ class FirstTokenWait:
         elif not all(e[5] for e in oldest):
             bound = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill
         else:
-            bound = min(((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0
-                        for routed_at, base_ms, wait_ms, _, _, _ in oldest)
+            entries = list(awaiting.values()) if step_tokens > 0 else oldest
+            bound = math.inf
+            for j, (routed_at, base_ms, wait_ms, _, _, _) in enumerate(oldest):
+                if step_tokens > 0:
+                    base_ms += self._shared_ms(entries, j, slowdown, step_tokens, ms_per_token)
+                s = ((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0
+                bound = min(bound, s)
         # Without a first token, a request's prefill is not done: the len - served - 1 smallest
         # prompts among them are still to prefill in full (one may be part-way).
         unfinished = len(awaiting) - served - 1

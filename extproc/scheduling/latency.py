@@ -143,7 +143,9 @@ class LatencyModel(Calibration):
             self._calibrate(w, m.ttft_sum_s, m.ttft_count)
             # First tokens overdue (first_token.py): at least this slow, unless a late one may
             # have waited for a slot rather than for prefill.
-            late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0)
+            c = self.config
+            late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0,
+                                               step_tokens=c.step_tokens, ms_per_token=c.prefill_ms_per_token)
             if late is not None:
                 w.slowdown, w.calibration_source = min(late, self.config.max_slowdown), "first-token-wait"
                 self._share_calibration()

@@ -190,3 +190,42 @@ def test_an_unreadable_request_among_the_oldest_draws_no_bound() -> None:
     assert f.observe(1, 0.5, 1.0)[0] is None  # which of the two lacks its first token is unknown
     f.remove(1)
     assert f.observe(1, 0.5, 1.0)[0] == pytest.approx(500 / MARGIN / 100)
+
+
+def test_requests_routed_after_one_may_share_the_step_that_finishes_its_prefill() -> None:
+    """A (1,000 uncached tokens, 0.1 ms each, behind 300 ms of work: predicted 400 ms), then B
+    (7,000) routed before A's step began: with 8,192 prefill tokens a step, that step may carry up
+    to 7,192 more tokens, B's 7,000: A late by B's prefill is no proof of a slower engine. Without
+    B's tokens the same lateness read 2.5x."""
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)
+    f.add(1, 0.0, 400.0, 0.0, 1000.0)
+    f.add(2, 0.05, 1100.0, 0.0, 7000.0)
+    assert f.observe(0, 1.0, 1.0)[0] == pytest.approx(1000 / 400)  # B unpriced
+    assert f.observe(0, 1.0, 1.0, step_tokens=8192, ms_per_token=0.1)[0] is None  # 1000 / (400 + 700)
+    assert f.observe(0, 2.0, 1.0, step_tokens=8192, ms_per_token=0.1)[0] == pytest.approx(2000 / 1100)
+    # Nothing ahead of A: its step began at its routing, and B, routed after, waits for the next.
+    g = FirstTokenWait()
+    g.observe(0, 0.0, 1.0)
+    g.add(1, 0.0, 100.0, 0.0, 1000.0)
+    g.add(2, 0.05, 800.0, 0.0, 7000.0)
+    assert g.observe(0, 0.7, 1.0, step_tokens=8192, ms_per_token=0.1)[0] == pytest.approx(700 / 100)
+    # One step's budget at most: 7,000 tokens after a 7,000-token prompt add 1,192 of them.
+    h = FirstTokenWait()
+    h.observe(0, 0.0, 1.0)
+    h.add(1, 0.0, 1000.0, 0.0, 7000.0)
+    h.add(2, 0.1, 1700.0, 0.0, 7000.0)
+    assert h.observe(0, 2.0, 1.0, step_tokens=8192, ms_per_token=0.1)[0] == pytest.approx(2000 / (1000 + 119.2))
+
+
+def test_a_move_of_bytes_per_token_rescales_the_requests_awaiting_a_first_token() -> None:
+    """Predicted at 4 bytes per token, measured at 6.4 (f = 0.625): a request predicted at 100 ms
+    holds 62.5 ms of prefill, so 500 ms without a first token reads 8x, not 5x."""
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0, 1000.0)
+    f.add(2, 0.0, 100.0, 0.0, 1000.0)
+    f.rescale(0.625)
+    late, unfinished = f.observe(0, 0.5, 1.0)
+    assert late == pytest.approx(500 / MARGIN / 62.5)
+    assert unfinished == pytest.approx(625.0)  # the smaller of the two, in the measured units

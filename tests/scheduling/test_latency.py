@@ -186,11 +186,13 @@ def test_bytes_per_token_is_measured_from_the_first_window_then_averaged() -> No
     ds, ep = one_endpoint()
     model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
 
-    def window(requests: int, bytes_each: int, tokens_each: int, counters: list[float]) -> float:
+    def window(requests: int, bytes_each: int, tokens_each: int, counters: list[float],
+               counted: int | None = None) -> float:
         for _ in range(requests):
             model.routed(ep, 0, None, clock.now, prompt_bytes=bytes_each)
-        counters[0] += requests
-        counters[1] += requests * tokens_each
+        counted = requests if counted is None else counted
+        counters[0] += counted
+        counters[1] += counted * tokens_each
         clock.now += 1.0
         ds.set_metrics(ep.key, ModelServerMetrics(ttft_count=counters[0], prompt_tokens=counters[1],
                                                   updated_at=clock.now, ok=True))
@@ -199,8 +201,8 @@ def test_bytes_per_token_is_measured_from_the_first_window_then_averaged() -> No
 
     counters = [0.0, 0.0]
     assert window(0, 0, 0, counters) == 4  # the first scrape only opens the window
-    assert window(3, 6400, 1000, counters) == 4  # too few requests to measure
-    assert window(5, 6400, 1000, counters) == pytest.approx(6.4)  # 8 requests: measured
+    assert window(3, 6400, 1000, counters, counted=2) == 4  # too few requests to measure
+    assert window(5, 6400, 1000, counters, counted=6) == pytest.approx(6.4)  # 8 requests: measured
     assert window(8, 8000, 1000, counters) == pytest.approx(7.2)  # (6.4 + 8.0) / 2
     assert window(8, 7200, 1000, counters) == pytest.approx(7.2)  # the mean of three
     assert window(8, 4800, 1000, counters) == pytest.approx(6.6)  # (7.2 x 3 + 4.8) / 4
@@ -208,6 +210,37 @@ def test_bytes_per_token_is_measured_from_the_first_window_then_averaged() -> No
     assert window(8, 7600, 1000, counters) == pytest.approx(6.8)  # from now on, ALPHA
     assert window(8, 64_000, 1000, counters) == 16.0  # clamped
     assert model.prompt_tokens(0, 32_000) == 2000  # prompts the picker did not tokenize
+
+
+def test_on_the_prior_one_counted_prompt_measures_bytes_per_token() -> None:
+    """While bytes per token is the prior, a window whose first tokens are exactly the requests
+    routed in it measures it from one prompt; a mismatched or short window does not, and once
+    measured the window's minimum holds again."""
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    counters = [0.0, 0.0]
+
+    def scrape_counters(requests: int, tokens: int) -> float:
+        counters[0] += requests
+        counters[1] += tokens
+        clock.now += 1.0
+        ds.set_metrics(ep.key, ModelServerMetrics(ttft_count=counters[0], prompt_tokens=counters[1],
+                                                  updated_at=clock.now, ok=True))
+        model.work(ep, clock.now)
+        return model.bytes_per_token
+
+    assert scrape_counters(0, 0) == 4  # first sight: the window opens
+    model.routed(ep, 0, None, clock.now, prompt_bytes=40)
+    assert scrape_counters(1, 10) == 4  # a probe: too few tokens to read the template's share
+    model.routed(ep, 0, None, clock.now, prompt_bytes=6400)
+    model.routed(ep, 0, None, clock.now, prompt_bytes=6400)
+    assert scrape_counters(0, 0) == 4  # the window (40 + 12,800 bytes) counted one of three
+    assert scrape_counters(1, 1000) == 4  # two of three: not exact, too few for a window
+    assert scrape_counters(1, 1000) == pytest.approx(12840 / 2010)  # all three counted: exact
+    measured = model.bytes_per_token
+    model.routed(ep, 0, None, clock.now, prompt_bytes=8000)
+    assert scrape_counters(1, 1000) == measured  # measured: a window needs MIN_FIRST_TOKENS again
 
 
 def test_slowdown_is_learned_from_response_ends_without_a_ttft_histogram() -> None:
