@@ -141,7 +141,7 @@ class Calibration:
             if w.partial_ratio >= 0:
                 w.partial_ratio /= f
             if w.calibration_source in CALIBRATED:
-                w.slowdown = min(max(w.slowdown / f, self.config.min_slowdown), self.config.max_slowdown)
+                w.slowdown = self._clamped(w.slowdown / f)
         self._share_calibration()
 
     def _calibrate(self, w: EndpointWork, ttft_sum_s: float, ttft_count: float) -> None:
@@ -166,11 +166,13 @@ class Calibration:
         running mean until its weight falls to ALPHA's, as for bytes per token. The first window
         replaces the prior: stepping by ALPHA from it, an engine 4x off needs ~10 windows (80 first
         tokens) to be measured, which a slow replica that the picker rightly spares may never see."""
-        c = self.config
         step = max(ALPHA, 1.0 / windows)
-        w.slowdown = min(max(w.slowdown + step * (ratio - w.slowdown), c.min_slowdown), c.max_slowdown)
+        w.slowdown = self._clamped(w.slowdown + step * (ratio - w.slowdown))
         w.calibration_source = source
         self._share_calibration()
+
+    def _clamped(self, slowdown: float) -> float:
+        return min(max(slowdown, self.config.min_slowdown), self.config.max_slowdown)
 
     def _share_limits(self) -> None:
         """The pool's admission limit: the median of those shown (slots.py); run when one changes,
