@@ -19,8 +19,7 @@ slowdown: observed over predicted TTFT, learned per endpoint (LatencyConfig.cali
   set it). Its first cold prompt measures it then, not the eighth: on a pool with one replica 4x
   slower, until it was measured the fast replicas' backlogs read 1.6x too long (estimated at 4
   bytes per token, drained at the rate of the tokens they held), the slow one's looked the
-  shortest, and the third cold prompt of the start went there (TTFT p99 3,267 ms against 1,778).
-  The first window replaces the
+  shortest, and the third cold prompt of the start went there. The first window replaces the
   prior, the n-th weighs 1/n (a running mean) until 1/n falls to ALPHA, then ALPHA smooths as for
   the slowdown: a prior off by 60% (text that tokenizes unlike English) would otherwise take ten
   windows to fade, mis-sizing every prompt and the index's capacity meanwhile. Means of both

@@ -134,13 +134,13 @@ class FirstTokenWait:
         served = max(int(first_tokens - self._base_count) - self._ended, 0)
         if served >= len(awaiting) or len(awaiting) > CHECKED:
             return None, 0.0
-        oldest = list(islice(awaiting.values(), served + 1))
+        entries = list(awaiting.values())  # at most CHECKED
+        oldest = entries[:served + 1]
         if queue and any(e[4] for e in oldest):
             bound = 0.0  # one of them may be waiting for a slot: no proof of slowness
         elif not all(e[5] for e in oldest):
             bound = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill
         else:
-            entries = list(awaiting.values()) if step_tokens > 0 else oldest
             bound = math.inf
             for j, (routed_at, base_ms, wait_ms, _, _, _) in enumerate(oldest):
                 if step_tokens > 0:
@@ -150,5 +150,5 @@ class FirstTokenWait:
         # Without a first token, a request's prefill is not done: the len - served - 1 smallest
         # prompts among them are still to prefill in full (one may be part-way).
         unfinished = len(awaiting) - served - 1
-        floor = sum(sorted(e[3] for e in awaiting.values())[:unfinished]) if unfinished > 0 else 0.0
+        floor = sum(sorted(e[3] for e in entries)[:unfinished]) if unfinished > 0 else 0.0
         return (bound if bound > slowdown else None), floor

@@ -147,7 +147,7 @@ class LatencyModel(Calibration):
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0,
                                                step_tokens=c.step_tokens, ms_per_token=c.prefill_ms_per_token)
             if late is not None:
-                w.slowdown, w.calibration_source = min(late, self.config.max_slowdown), "first-token-wait"
+                w.slowdown, w.calibration_source = self._clamped(late), "first-token-wait"
                 self._share_calibration()
             w.backlog = max(w.backlog, unfinished)
             w.routed_backlog = max(w.routed_backlog, min(unfinished, w.backlog))
