@@ -212,7 +212,8 @@ class LatencyModel(Calibration):
             steps = ceil(work / step)
             ttft = w.slowdown * (overhead + work * per_token + (steps if steps > 1.0 else 1.0) * per_seq * load)
             slots = w.slots
-            if (slots.limit > 0 or pool_limit > 0) and slots.occupancy_ms >= 0:  # else wait_ms is 0
+            # Else wait_ms is 0: no limit, or no occupancy and no ages to bound it.
+            if (slots.limit > 0 or pool_limit > 0) and (slots.occupancy_ms >= 0 or slots.admitted):
                 wait = slots.wait_ms(load, w.updated_at, pool_limit)
                 if wait > 0:
                     steps = ceil(u / step)

@@ -8,7 +8,9 @@ module learns it per endpoint (`SlotState`):
 - occupancy T: how long a request holds the endpoint, from the response ends the picker sees:
       sample = (end - routed) - the slot wait predicted for it when it was routed
       T <- sample (the first), then T + ALPHA x (sample - T)
-  Unknown until a response has ended there.
+  Unknown until a response has ended there, but bounded below by the requests still holding
+  slots (below): the ends seen first are the short ones, and before any end the slots of a busy
+  endpoint would otherwise look free.
 - admission limit L: running sequences at which the engine stopped admitting. A scrape with
   waiting > 0 and running > 0 is a saturated observation when
     - vllm:num_requests_waiting_by_reason{reason="capacity"} > 0, where exported (the requests
@@ -38,6 +40,15 @@ hold the slots (FIFO), request i frees its slot in r_i = max(T - age_i, 0), and 
 for the ahead-th release, r_(k) + floor((ahead - 1) / L) x T with k = (ahead - 1) mod L + 1 (r sorted).
 The larger of the two estimates is charged: a p99 wait is a late one, and the age-based estimate
 only corrects the average where it is known to be too low.
+
+The same ages bound T from below (right-censored samples: a request still running has held its
+slot at least its age): where at least half of the L slot holders are older than T, T is taken
+as the age of the ceil(L/2)-th oldest. In steady state the holders' ages spread over [0, T], so
+half of them are younger than T / 2 and the bound does not bind; it binds before any response has
+ended (T unknown: a decode-bound engine's slots all taken 3 s into a run, its first ends still to
+come, read as free) and after a short first sample (a 1-token probe read T = 15 ms while the
+requests of ~3 s held every slot). The median and not the oldest: one long request (a reasoning
+trace) among short ones does not make the slots look held for its length.
 
 An endpoint that has not shown its own limit yet takes the pool's (`pool_limit`: the median of
 the limits the other endpoints showed, extproc/scheduling/latency.py), as an uncalibrated one
@@ -116,19 +127,28 @@ class SlotState:
             self.occupancy_ms += ALPHA * (sample - self.occupancy_ms)
 
     def wait_ms(self, load: float, now: float | None = None, pool_limit: float = -1.0) -> float:
-        """Expected wait for a slot with `load` requests there already; 0 when L or T is unknown;
-        with `now`, no less than the ages of the picker's own requests say; `pool_limit` stands
-        for L until the endpoint shows its own (module docstring)."""
+        """Expected wait for a slot with `load` requests there already; 0 when L is unknown, or T
+        is and no ages bound it; with `now`, T and the wait no less than the ages of the picker's
+        own requests say; `pool_limit` stands for L until the endpoint shows its own (module
+        docstring)."""
         limit, t = (self.limit if self.limit > 0 else pool_limit), self.occupancy_ms
-        if limit <= 0 or t < 0:
+        if limit <= 0:
             return 0.0
         ahead = load - limit + 1
         if ahead <= 0:
             return 0.0
-        wait = ahead * t / limit
         slots = int(limit)
+        holders: list[float] = []
         if now is not None and slots <= ORDER_LIMIT and len(self.admitted) >= load:
-            remaining = sorted(max(t - (now - at) * 1000.0, 0.0) for at in islice(self.admitted.values(), slots))
+            holders = [(now - at) * 1000.0 for at in islice(self.admitted.values(), slots)]  # ages, oldest first
+            held = holders[(slots + 1) // 2 - 1]  # at least half of the holders held their slot this long
+            if held > t:
+                t = held
+        if t < 0:
+            return 0.0
+        wait = ahead * t / limit
+        if holders:
+            remaining = sorted(max(t - age, 0.0) for age in holders)
             k = int(ahead) - 1
             wait = max(wait, remaining[k % slots] + (k // slots) * t)
         return wait

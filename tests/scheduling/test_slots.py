@@ -80,6 +80,32 @@ def test_after_a_burst_the_wait_is_read_from_the_running_requests_ages() -> None
     assert s.wait_ms(4, 10.0) == pytest.approx(250.0) and len(s.admitted) == 2
 
 
+def test_the_requests_still_holding_slots_bound_the_occupancy_from_below() -> None:
+    """Four slots, no response ended yet: before this bound a full engine's slots read as free
+    until the first end (~3 s into a decode-bound run), and a short first sample (a 1-token probe,
+    15 ms) read them as turning over every 4 ms."""
+    s = SlotState(limit=4.0, limit_source="capacity-reason")
+    for token, at in enumerate((10.0, 10.5, 11.0, 11.5, 11.9, 11.95)):
+        s.admit(token, at)
+    assert s.wait_ms(6) == 0.0  # no clock, no occupancy: unknown, no wait
+    # At 12.0 the 4 oldest (the holders) are 2,000, 1,500, 1,000 and 500 ms old; the 2nd oldest
+    # bounds T: 1,500 ms. 7th in line: ahead = 7 - 4 + 1 = 4, the average 4 x 1,500 / 4 = 1,500 ms;
+    # by the ages the holders free their slots in (0, 0, 500, 1,000) ms and the 4th release is at
+    # 1,000 ms, so the average stands.
+    assert s.wait_ms(6, 12.0) == pytest.approx(3 * 1500 / 4)  # 6 in flight: ahead 3
+    s.admit(6, 11.99)
+    assert s.wait_ms(7, 12.0) == pytest.approx(1500.0)
+    # A 15 ms first sample does not undo it.
+    s.finished(15.0, 0.0)
+    assert s.occupancy_ms == 15.0 and s.wait_ms(7, 12.0) == pytest.approx(1500.0)
+    # Staggered ages in steady state (T = 1,000 ms, holders 3,000, 400, 300 and 200 ms old): one
+    # long request does not bind; the ages read the releases at (0, 600, 700, 800) ms.
+    s = SlotState(occupancy_ms=1000.0, limit=4.0, limit_source="capacity-reason")
+    for token, at in enumerate((9.0, 11.6, 11.7, 11.8, 11.9)):
+        s.admit(token, at)
+    assert s.wait_ms(5, 12.0) == pytest.approx(max(2 * 1000 / 4, 600.0))
+
+
 def test_a_queue_of_prompts_waiting_for_prefill_is_no_slot_limit() -> None:
     s = SlotState()
     for _ in range(3):  # 6 waiting at the peak, but 4 requests' worth of prefill still queued there
@@ -194,7 +220,7 @@ def test_an_endpoint_that_never_queued_takes_the_pools_admission_limit() -> None
 def test_the_batched_predictions_are_the_per_endpoint_ones_to_the_bit() -> None:
     """predict_ttfts (the scorer's one loop) and works() against predict()[0] and work() one by one,
     over endpoints with and without a scrape, a slot limit (their own or the pool's), a queue beyond
-    it, and decode contention."""
+    it, an occupancy learned or only bounded by the ages of the requests there, and decode contention."""
     config = LatencyConfig(prefill_ms_per_token=0.137, overhead_ms=9.3, decode_ms_per_seq=0.71, step_tokens=512)
     ds = Datastore()
     ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in range(1, 9)])
@@ -215,6 +241,9 @@ def test_the_batched_predictions_are_the_per_endpoint_ones_to_the_bit() -> None:
                 w.slots.limit, w.slots.occupancy_ms, w.slowdown = 2.0, 90.0 + i, 1.0 + i / 7
             elif i % 4 == 2:  # no limit of its own: the pool's stands for it
                 w.slots.occupancy_ms = 50.0 + i
+            elif i == 4:  # no occupancy yet: the ages of its requests bound it
+                for _ in range(i):
+                    model.admit(ep, clock.now - 0.5, 100.0, 0.0)
         model.pool_limit = 3.0
         clock.now += 0.0123
         works = model.works(eps, clock.now) if batched else [model.work(ep, clock.now) for ep in eps]
