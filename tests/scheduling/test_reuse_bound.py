@@ -12,6 +12,7 @@ from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.reuse import MAX_KEYS, ReuseCounts, load_bound, over_bound
 from extproc.scheduling.scheduler import Decision, Scheduler
 from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
+from testkit.scheduling import Clock
 
 LATENCY = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0, step_tokens=1000,
                         calibrate=False)
@@ -19,13 +20,6 @@ LATENCY = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_pe
 HOT = b"H" * 4000  # a 1,000-token system prompt: 100 ms of prefill at the test prior
 OTHER = b"O" * 4000
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def request(text: bytes, rid: str) -> SchedulingRequest:
@@ -44,7 +38,7 @@ def setup(factor: float = 1.25, slack: float = 1.0, n: int = 4) -> tuple[Datasto
     ds = Datastore()
     ds.set_endpoints([EndpointSpec(f"10.0.0.{i + 1}", 8000) for i in range(n)])
     cfg = EppConfig(seed=1, latency=LATENCY, balance=BalanceConfig(factor=factor, slack=slack))
-    return ds, list(ds.snapshot()), build_scheduler(cfg, PrefixIndex(100_000), clock=Clock())
+    return ds, list(ds.snapshot()), build_scheduler(cfg, PrefixIndex(100_000), clock=Clock(50.0))
 
 
 def place(ds: Datastore, s: Scheduler, eps: list[Endpoint], prompt: bytes, rid: str) -> Decision:

@@ -5,33 +5,21 @@ from __future__ import annotations
 import pytest
 
 from extproc.config.settings import LatencyConfig
-from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.core.datastore import Datastore, EndpointSpec, ModelServerMetrics
 from extproc.scheduling.interfaces import Routing
 from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.slots import SlotState
+from testkit.scheduling import Clock, one_endpoint
 
 # Round numbers: 0.1 ms per token, overhead 10 ms, no decode contention, 1,000 tokens per step.
 CONFIG = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0, step_tokens=1000)
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def metrics(waiting: float, running: float, *, kv: float = 0.3, capacity: float = -1.0,
             at: float = 0.0) -> ModelServerMetrics:
     return ModelServerMetrics(waiting=waiting, running=running, kv_usage=kv, waiting_capacity=capacity,
                               updated_at=at, ok=True)
-
-
-def one_endpoint() -> tuple[Datastore, Endpoint]:
-    ds = Datastore()
-    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
-    return ds, ds.snapshot()[0]
 
 
 def test_the_slot_wait_follows_the_queue_beyond_the_learned_limit() -> None:
