@@ -113,10 +113,11 @@ def envoy_stat(admin_port: int, name: str) -> int:
     return 0
 
 
-def wait_until(predicate: object, timeout: float = 10.0, interval: float = 0.05) -> None:
+def wait_until(predicate: object, timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> None:
+    """Poll `predicate()` until it holds; TimeoutError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if callable(predicate) and predicate():
             return
         time.sleep(interval)
-    raise TimeoutError("condition not met in time")
+    raise TimeoutError(f"{what} not met in {timeout} s")

@@ -33,6 +33,7 @@ from kubernetes import client as k8s_client
 from extproc.discovery.watch import Backoff, ListResult, ListWatch
 from extproc.pb import health_pb2, health_pb2_grpc
 from testkit import helm as tools
+from testkit.envoy import wait_until
 from testkit.k8s_objects import CHART
 from testkit.kubeapi import BuildFailed, RealKube
 from testkit.procs import free_ports, prefix_epp, running, wait_for_port
@@ -96,12 +97,7 @@ def pool(name: str, ns: str, selector: dict[str, str], ports: list[int]) -> dict
                      "endpointPickerRef": {"name": "epp", "port": {"number": 9002}}}}
 
 
-def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met in {timeout} s")
-        time.sleep(0.02)
+until = partial(wait_until, timeout=15.0, interval=0.02)
 
 
 def watch_lines(kube: RealKube, path: str, timeout_s: int) -> tuple[int, list[dict[str, Any]]]:
