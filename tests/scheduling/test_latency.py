@@ -16,7 +16,6 @@ from testkit.scheduling import Clock, one_endpoint
 CONFIG = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.5, step_tokens=1000)
 
 
-
 def scrape(ds: Datastore, ep: Endpoint, at: float, *, waiting: float = 0, running: float = 0,
            ttft: tuple[float, float] = (0.0, -1.0)) -> None:
     ds.set_metrics(ep.key, ModelServerMetrics(waiting=waiting, running=running, ttft_sum_s=ttft[0],

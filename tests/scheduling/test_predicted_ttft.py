@@ -24,7 +24,6 @@ LATENCY = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_pe
                         calibrate=False)
 
 
-
 def pool(n: int) -> list[Endpoint]:
     ds = Datastore()
     ds.set_endpoints([EndpointSpec(f"10.0.0.{i + 1}", 8000) for i in range(n)])
@@ -59,7 +58,7 @@ def test_default_profile_is_predicted_ttft_and_weighted_stays_available() -> Non
 
 
 def test_warm_replica_with_a_long_queue_loses_to_an_idle_cold_one() -> None:
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     s = scheduler(clock)
     system = b"S" * 16000  # 4,000 tokens
@@ -88,7 +87,7 @@ def test_warm_replica_with_a_long_queue_loses_to_an_idle_cold_one() -> None:
 def test_a_prefix_still_prefilling_counts_as_cached_where_it_was_routed() -> None:
     """The engine caches blocks once their chunk is scheduled, and a request routed behind the
     first one is admitted after it: it finds the prefix even while the first prefill runs."""
-    clock = Clock(50.0)
+    clock = Clock()
     eps = pool(4)
     s = scheduler(clock)
     system = b"B" * 24000  # 6,000 tokens, more than one 1,000-token step
@@ -100,7 +99,7 @@ def test_a_prefix_still_prefilling_counts_as_cached_where_it_was_routed() -> Non
 
 
 def test_copying_a_prefix_onto_a_full_cache_is_charged_for_what_it_evicts() -> None:
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     system = b"E" * 8000  # 2,000 tokens = 125 index blocks of 64 bytes
     for eviction_weight, expected in ((0.0, "b"), (1.0, "a")):
@@ -117,7 +116,7 @@ def test_copying_a_prefix_onto_a_full_cache_is_charged_for_what_it_evicts() -> N
 
 
 def test_a_new_prefix_on_full_caches_goes_where_fewer_families_live() -> None:
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     for eviction_weight, expected in ((0.0, a), (1.0, b)):
         index = PrefixIndex(130)
@@ -139,7 +138,7 @@ def test_a_new_prefix_on_full_caches_goes_where_fewer_families_live() -> None:
 
 def test_by_churn_a_new_prefix_on_full_caches_goes_where_fewer_tokens_were_inserted() -> None:
     """a is home to more families, b inserted more tokens lately: homes picks b, churn picks a."""
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     for placement, expected in (("homes", b), ("churn", a)):
         index = PrefixIndex(130)
@@ -159,13 +158,13 @@ def test_by_churn_a_new_prefix_on_full_caches_goes_where_fewer_tokens_were_inser
 
 def test_an_unknown_new_prefix_placement_is_refused() -> None:
     with pytest.raises(ValueError, match="new_prefix_placement"):
-        scheduler(Clock(50.0), new_prefix_placement="nearest")
+        scheduler(Clock(), new_prefix_placement="nearest")
 
 
 def test_a_prompt_matched_as_far_as_it_is_hashed_counts_as_cached() -> None:
     """Hashing stops at max_prefix_blocks: a long document asked again matches every block looked
     up, and the rest of it is taken as cached, not recomputed."""
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     cfg = EppConfig(seed=1, latency=LATENCY, prefix=PrefixConfig(max_prefix_blocks=8))
     s = build_scheduler(cfg, PrefixIndex(100_000), clock=clock)
@@ -186,7 +185,7 @@ def test_a_prompt_matched_as_far_as_it_is_hashed_counts_as_cached() -> None:
 
 
 def test_fullness_comes_from_the_prefix_index() -> None:
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     index = PrefixIndex(100)
     scorer = ttft_scorer(scheduler(clock, index))
@@ -198,7 +197,7 @@ def test_fullness_comes_from_the_prefix_index() -> None:
 
 
 def test_affinity_credit_keeps_a_key_on_its_endpoint_until_its_queue_costs_more() -> None:
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     index = PrefixIndex(100_000)
     s = scheduler(clock, index)
@@ -217,7 +216,7 @@ def test_affinity_credit_keeps_a_key_on_its_endpoint_until_its_queue_costs_more(
 
 
 def test_a_fallback_that_served_takes_the_backlog() -> None:
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     s = scheduler(clock)
     d = s.schedule(request(b"Z" * 4000, "f"), [a, b])
@@ -233,7 +232,7 @@ def test_a_fallback_that_served_takes_the_backlog() -> None:
 def test_a_family_keeps_its_home_after_the_index_forgot_it() -> None:
     """Under cache pressure the index forgets a prefix first; sending its family elsewhere would
     copy it into a second full cache, so the home keeps the charge-free claim."""
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     index = PrefixIndex(130)
     s = scheduler(clock, index)
@@ -253,7 +252,7 @@ def test_a_family_keeps_its_home_after_the_index_forgot_it() -> None:
 
 
 def test_the_end_of_a_response_tells_the_backlog() -> None:
-    clock = Clock(50.0)
+    clock = Clock()
     a, b = pool(2)
     s = scheduler(clock)
     d = s.schedule(request(b"R" * 8000, "done"), [a, b])
@@ -267,7 +266,7 @@ def test_an_engine_calibrated_far_below_the_prior_still_prefers_its_cache() -> N
     """Every endpoint measured 10x faster than the prior: predictions fall below the prior's fixed
     cost, and the endpoint holding the prompt must still score above the cold ones (a floor at the
     prior's overhead would tie them all, leaving the choice to the tie-break)."""
-    clock = Clock(50.0)
+    clock = Clock()
     eps = pool(3)
     index = PrefixIndex(100_000)
     system = b"C" * 384  # 96 tokens: 10 + 9.6 ms at the prior, ~2 ms calibrated, ~1 ms cached
@@ -298,7 +297,7 @@ def test_a_follow_up_turn_about_an_image_keeps_the_endpoint_that_holds_it() -> N
         return SchedulingRequest(request_id=f"r{n}", model="m", block_hashes=hashes,
                                  prompt_bytes=sum(map(len, parsed.segments)))
 
-    clock = Clock(50.0)
+    clock = Clock()
     eps = pool(3)
     index = PrefixIndex(100_000)
     index.record(eps[1].key, turn(0).block_hashes)

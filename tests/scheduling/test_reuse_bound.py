@@ -21,7 +21,6 @@ HOT = b"H" * 4000  # a 1,000-token system prompt: 100 ms of prefill at the test 
 OTHER = b"O" * 4000
 
 
-
 def request(text: bytes, rid: str) -> SchedulingRequest:
     # 4 bytes per token: len(text) / 4 tokens.
     hashes = block_hashes([text], "m", block_size=PrefixConfig().block_size_bytes, max_blocks=4096)
@@ -38,7 +37,7 @@ def setup(factor: float = 1.25, slack: float = 1.0, n: int = 4) -> tuple[Datasto
     ds = Datastore()
     ds.set_endpoints([EndpointSpec(f"10.0.0.{i + 1}", 8000) for i in range(n)])
     cfg = EppConfig(seed=1, latency=LATENCY, balance=BalanceConfig(factor=factor, slack=slack))
-    return ds, list(ds.snapshot()), build_scheduler(cfg, PrefixIndex(100_000), clock=Clock(50.0))
+    return ds, list(ds.snapshot()), build_scheduler(cfg, PrefixIndex(100_000), clock=Clock())
 
 
 def place(ds: Datastore, s: Scheduler, eps: list[Endpoint], prompt: bytes, rid: str) -> Decision:

@@ -15,7 +15,6 @@ from testkit.scheduling import Clock, one_endpoint
 CONFIG = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0, step_tokens=1000)
 
 
-
 def metrics(waiting: float, running: float, *, kv: float = 0.3, capacity: float = -1.0,
             at: float = 0.0) -> ModelServerMetrics:
     return ModelServerMetrics(waiting=waiting, running=running, kv_usage=kv, waiting_capacity=capacity,
