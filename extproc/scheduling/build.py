@@ -69,6 +69,7 @@ from extproc.scheduling.scorers.precise_prefix import PrecisePrefixScorer
 from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from extproc.scheduling.scorers.prefix import PrefixScorer
 from extproc.scheduling.scorers.queue import QueueScorer
+from extproc.scheduling.shortlist import Shortlist
 
 Clock = Callable[[], float]
 
@@ -132,6 +133,7 @@ def build_scheduler(config: EppConfig, index: PrefixIndex, profile: Profile | No
         index=index,
         max_endpoints=config.max_endpoints,
         precise=precise,
+        shortlist=Shortlist(config.max_scored_endpoints, random.Random(config.seed)),
     )
 
 

@@ -60,6 +60,10 @@ class SchedulingRequest:
     # The chosen endpoint's key (and those bounded reuse priced out): the signals its prediction
     # used, for --explain-decisions.
     signals: dict[str, str] = field(default_factory=dict)
+    # Set where the scheduler scores a shortlist of a large pool (shortlist.py): every candidate
+    # and its load, for pool-wide quantities; empty where every candidate is scored.
+    pool: Sequence[Endpoint] = ()
+    pool_loads: Sequence[float] = ()
 
     @property
     def total_blocks(self) -> int:

@@ -5,6 +5,8 @@
    when the request has token keys, the precise index (`request.precise_match`, `precise_usable`).
    An affinity hint is looked up in the same index as a one-block chain of its own:
    `request.affinity_match` = candidates holding `affinity_hash`.
+   Above --max-scored-endpoints candidates, only a shortlist of them is scored: those holding
+   part of the prompt, the least loaded and a random sample (extproc/scheduling/shortlist.py).
 3. total(e) = sum_i weight_i * clamp(score_i(e), 0, 1) (the Go EPP's unnormalised weighted sum).
 4. The picker returns up to `max_endpoints` endpoints, best first.
 5. The request's block hashes are recorded in the index for the first pick (decision time), so
@@ -32,6 +34,7 @@ from extproc.core.datastore import Endpoint
 from extproc.core.errors import EppError, ErrorCode
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.interfaces import Filter, Picker, PickObserver, PreciseSource, SchedulingRequest, Scorer
+from extproc.scheduling.shortlist import Shortlist
 
 
 @dataclass(slots=True)
@@ -98,6 +101,7 @@ class Scheduler:
         index: PrefixIndex | None,
         max_endpoints: int,
         precise: PreciseSource | None = None,
+        shortlist: Shortlist | None = None,
     ) -> None:
         self.filters = list(filters)
         self.scorers = list(scorers)
@@ -105,6 +109,7 @@ class Scheduler:
         self.index = index
         self.max_endpoints = max_endpoints
         self.precise = precise
+        self.shortlist = shortlist
         self.observers = [ws.scorer for ws in self.scorers if isinstance(ws.scorer, PickObserver)]
 
     def schedule(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> Decision:
@@ -124,6 +129,8 @@ class Scheduler:
         precise = self.precise if token_keys else None
         if precise is not None:
             request.precise_match, request.precise_usable = precise.match(token_keys, keys)
+        if self.shortlist is not None and self.shortlist.applies(len(endpoints)):
+            endpoints = self.shortlist.select(request, endpoints, keys)
         totals: list[float] = [0.0] * len(endpoints)
         per_scorer: list[list[float]] = []
         for k, ws in enumerate(self.scorers):

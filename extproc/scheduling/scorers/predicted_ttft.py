@@ -137,13 +137,14 @@ class PredictedTtftScorer:
         m = min(request.prefix_match.get(ep.key, 0), len(request.block_hashes))
         return request.block_hashes[m - 1] if m else None
 
-    def _bound(self, loads: Sequence[float]) -> float | None:
-        """reuse.py's load bound for this decision over the candidates' loads; None when the bound
-        is off or there is one candidate."""
+    def _bound(self, request: SchedulingRequest, loads: Sequence[float]) -> float | None:
+        """reuse.py's load bound for this decision over the pool's loads (the candidates' where
+        every candidate is scored); None when the bound is off or there is one candidate."""
         f = self.balance.factor
-        if f == 0 or len(loads) < 2:
+        pool = request.pool_loads or loads
+        if f == 0 or len(pool) < 2:
             return None
-        return load_bound(sum(loads), len(loads), f)
+        return load_bound(sum(pool), len(pool), f)
 
     def _prompt_size(self, request: SchedulingRequest) -> tuple[int, float]:
         """(prompt bytes, prompt tokens); without the prompt's size (a caller that only hashed
@@ -170,8 +171,9 @@ class PredictedTtftScorer:
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         now = self._clock()
         model, c = self.model, self.config
-        if len(model) > 2 * len(endpoints) + 16:
-            model.forget_others(endpoints)
+        pool = request.pool or endpoints  # a shortlist scores some (shortlist.py); the state is the pool's
+        if len(model) > 2 * len(pool) + 16:
+            model.forget_others(pool)
         prompt_bytes, tokens = self._prompt_size(request)
         # Only candidates either index matched can hold any of the prompt (_cached is 0 elsewhere).
         held_somewhere = request.prefix_match.keys() | request.precise_match.keys()
@@ -189,12 +191,12 @@ class PredictedTtftScorer:
         home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
         # A prompt no candidate holds is placed by cache room (3. above), among the other families.
         others = len(self._homes) - (1 if home_key else 0)
-        mean_homes = others / len(endpoints) if most <= 0 and endpoints else 0.0
+        mean_homes = others / len(pool) if most <= 0 and endpoints else 0.0
         mean_churn = sum(w.churn for w in works) / len(works) if self._by_churn and mean_homes > 0 else 0.0
         hits = cached
         # Bounded reuse (5. above): asked only where something is cached and some prefix is counted;
         # a prompt nobody holds is bounded by load alone, below.
-        bound = self._bound(loads) if most > 0 and len(self.reuse) else None
+        bound = self._bound(request, loads) if most > 0 and len(self.reuse) else None
         if bound is not None:
             slack = self.balance.slack
             hits = list(cached)
@@ -231,12 +233,12 @@ class PredictedTtftScorer:
             # predicts below the prior's overhead, and one floor for all would tie them).
             costs.append(max(cost, c.overhead_ms * w.slowdown, 1e-3))
         if most <= 0:
-            self._bound_new_prompt(loads, works, costs)
+            self._bound_new_prompt(request, loads, works, costs)
         best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
 
-    def _bound_new_prompt(self, loads: Sequence[float], works: Sequence[EndpointWork],
-                          costs: list[float]) -> None:
+    def _bound_new_prompt(self, request: SchedulingRequest, loads: Sequence[float],
+                          works: Sequence[EndpointWork], costs: list[float]) -> None:
         """A prompt no candidate holds has no cache to keep: it goes to an endpoint within its load
         bound whenever one is, whatever the others' costs. Otherwise, on an idle pool, the endpoint
         whose calibrated slowdown is a little lower takes every new prompt. Each endpoint's bound
@@ -246,11 +248,16 @@ class PredictedTtftScorer:
 
         equal to reuse.py's ceil(factor x (L + 1) / n) where the speeds are equal. A replica
         measured 4x slower than the rest holds about a quarter of a fast one's share, so it is
-        not handed a new prompt (a full prefill at 4x) because the fast ones hold their share."""
-        if self._bound(loads) is None:
+        not handed a new prompt (a full prefill at 4x) because the fast ones hold their share.
+        L is the pool's load; where a shortlist is scored, the pool's speeds are taken as the
+        shortlist's mean speed times the pool's size."""
+        if self._bound(request, loads) is None:
             return
         speeds = [1.0 / w.slowdown if w.slowdown > 0 else 1.0 for w in works]
-        total_load, total_speed, f = sum(loads), sum(speeds), self.balance.factor
+        total_speed, f = sum(speeds), self.balance.factor
+        total_load = sum(request.pool_loads) if request.pool_loads else sum(loads)
+        if request.pool_loads:
+            total_speed *= len(request.pool_loads) / len(loads)
         over = [over_load(load, load_bound(total_load, total_speed, f, speed))
                 for load, speed in zip(loads, speeds, strict=True)]
         within = [cost for cost, o in zip(costs, over, strict=True) if not o]

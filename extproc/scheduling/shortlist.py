@@ -1,0 +1,81 @@
+"""Which candidates a decision scores in a large pool (--max-scored-endpoints, default 32).
+
+Scoring an endpoint in Python costs about 1.5 us (predicted-ttft-scorer: its drained backlog,
+load, slot wait, cache fullness and eviction terms), so at 256 endpoints the scorers were three
+quarters of a request's CPU (bench/results/scale.md). Above `limit` candidates the scheduler scores
+a shortlist of at most `limit` of them instead:
+
+1. every candidate holding part of the prompt in the approximate or the precise index, or the
+   request's affinity key: only there can a hit lower the cost. The longest matches first and,
+   among equal matches, the least loaded (the holders a hot prefix's bounded reuse still
+   admits), at most limit / 2 of them;
+2. the least-loaded candidates (extproc/scheduling/load.py's load), a quarter of `limit`,
+   ties broken from a random offset so equal loads do not favour the pool's first endpoints:
+   where the pool is busy, the idle replicas are what a cold prompt needs;
+3. a uniform random sample of the rest up to `limit`: the endpoints the load alone misranks
+   (a short backlog behind a high count, a faster engine, an emptier cache) compete as in
+   power-of-d-choices load balancing, where the best of d random choices already keeps the
+   busiest replica's excess at O(log log n / log d).
+
+The request keeps the whole pool (`pool`, `pool_loads`) so that pool-wide quantities (the mean
+load of the reuse and new-prompt bounds, the endpoints whose state is kept) stay the pool's, not
+the shortlist's. What remains per request in the pool size is one pass computing each load and
+the index lookup over the candidate set (both far cheaper than scoring).
+
+Weighted profiles' min-max normalised scorers (queue, in-flight) then normalise over the
+shortlist; the least-loaded quarter keeps the pool's minimum in it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Sequence
+
+from extproc.core.datastore import Endpoint
+from extproc.scheduling.interfaces import SchedulingRequest
+from extproc.scheduling.load import endpoint_load
+
+MIN_SHORTLIST = 4  # a holder, two of the least loaded and a sample at the least
+HOLDERS_BY_INDEX = 8  # up to this many holders are found by searching the keys, more in one pass
+
+
+class Shortlist:
+    def __init__(self, limit: int, rng: random.Random | None = None) -> None:
+        if limit < 0 or 0 < limit < MIN_SHORTLIST:
+            raise ValueError(f"max_scored_endpoints must be 0 (score every candidate) or at least {MIN_SHORTLIST}")
+        self.limit = limit
+        self._rng = rng or random.Random()
+
+    def applies(self, candidates: int) -> bool:
+        return 0 < self.limit < candidates
+
+    def select(self, request: SchedulingRequest, endpoints: Sequence[Endpoint],
+               keys: Sequence[str]) -> list[Endpoint]:
+        """The candidates to score, in pool order; sets request.pool and request.pool_loads.
+        `keys`: the endpoints' keys (the scheduler has them for the index lookup)."""
+        n, limit, rng = len(endpoints), self.limit, self._rng
+        loads = list(map(endpoint_load, endpoints))
+        request.pool, request.pool_loads = endpoints, loads
+        chosen: set[int] = set()
+        held = request.prefix_match.keys() | request.precise_match.keys() | request.affinity_match
+        if held:
+            if len(held) <= HOLDERS_BY_INDEX:
+                at = [keys.index(k) for k in held]
+            else:  # one pass rather than one search per holder
+                at = [i for i, k in enumerate(keys) if k in held]
+            prefix, precise = request.prefix_match, request.precise_match
+            at.sort(key=lambda i: (-max(prefix.get(keys[i], 0), precise.get(keys[i], 0)), loads[i]))
+            chosen.update(at[:limit // 2])
+        start = rng.randrange(n)
+        order = itertools.chain(range(start, n), range(start))
+        chosen.update(heapq.nsmallest(limit // 4, order, key=loads.__getitem__))
+        want = limit - len(chosen)
+        if want > 0:
+            # want + |chosen| distinct draws hold at least `want` not chosen yet.
+            for i in rng.sample(range(n), min(n, want + len(chosen))):
+                if len(chosen) >= limit:
+                    break
+                chosen.add(i)
+        return [endpoints[i] for i in sorted(chosen)]
