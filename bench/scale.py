@@ -56,14 +56,15 @@ def _fresh(call: str) -> dict[str, Any]:
     return row
 
 
-def run_part(part: str, quick: bool, log_dir: Path, label: str = "") -> list[dict[str, Any]]:
+def run_part(part: str, quick: bool, log_dir: Path, label: str = "",
+             max_scored: int | None = None) -> list[dict[str, Any]]:
     if part == "scrape":
         return [client_costs(log_dir), *scrape_costs(SIZES, 3.0 if quick else 10.0, log_dir)]
     if part == "decision":
         rows = []
         for mode in MODES:
             for n in SIZES:
-                for row in decision_cells(n, mode, LENGTHS, lambda t: requests_for(t, quick)):
+                for row in decision_cells(n, mode, LENGTHS, lambda t: requests_for(t, quick), max_scored=max_scored):
                     print(f"decision {mode} {n} endpoints {row['tokens']} tokens: p50 {row['p50_ms']:.2f} "
                           f"p99 {row['p99_ms']:.2f} ms, CPU {row['cpu_ms_per_request']:.2f} ms", flush=True)
                     rows.append({"code": label or "current", **row})
@@ -127,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--label", default="", help="tag this run's rows and files (the stalls part: an earlier commit)")
     ap.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    ap.add_argument("--max-scored-endpoints", type=int, default=None,
+                    help="the decision part: the picker's --max-scored-endpoints, if not its default (tag the rows "
+                         "with --label)")
     args = ap.parse_args(argv)
     runs_dir = args.out_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for part in args.part or PARTS:
                 reps = 1 if part == "memory" else args.reps
                 for k in range(args.first_rep, args.first_rep + reps):
-                    rows = run_part(part, args.quick, Path(tmp), args.label)
+                    rows = run_part(part, args.quick, Path(tmp), args.label, args.max_scored_endpoints)
                     tag = f"-{args.label}" if args.label else ""
                     (runs_dir / f"scale-{part}{tag}-r{k}.json").write_text(
                         json.dumps({"part": part, "rep": k, "quick": args.quick, "rows": rows}, indent=1) + "\n")

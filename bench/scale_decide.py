@@ -92,11 +92,13 @@ def fill_precise(index: PrefixIndex | PreciseIndex, keys: list[str], capacity: i
 
 
 def decision_cells(endpoints: int, mode: str, lengths: Sequence[int], requests: Callable[[int], int],
-                   profiler: cProfile.Profile | None = None) -> list[dict[str, Any]]:
+                   profiler: cProfile.Profile | None = None, max_scored: int | None = None) -> list[dict[str, Any]]:
     """One row of the matrix per prompt length, on one App whose index is filled once; `profiler`
-    (if any) runs over the measured requests only."""
+    (if any) runs over the measured requests only; `max_scored`: --max-scored-endpoints (None: the default)."""
     kv = KVEventsConfig(prefix_scorer="precise") if mode == "precise" else KVEventsConfig()
     cfg = replace(EppConfig(seed=1, kv_events=kv), metrics_staleness_threshold_s=1e9)
+    if max_scored is not None:
+        cfg = replace(cfg, max_scored_endpoints=max_scored)
     app = App(cfg)
     specs = endpoint_specs(endpoints)
     app.datastore.set_endpoints(specs)

@@ -105,8 +105,8 @@ FLAGS: tuple[Flag, ...] = (
          "endpoints returned per request, best first (>1: fallbacks)", AT_LEAST_1,
          parameters=("max-score-picker.maxNumOfEndpoints",)),
     Flag("--max-scored-endpoints", "max_scored_endpoints", INT, SCHEDULING,
-         "above this many candidates, score only those holding part of the prompt, the least loaded and a "
-         "random sample, this many in all (0: score every candidate)", Range(0)),
+         "above this many candidates, score only those holding part of the prompt, the "
+         "least waiting and a random sample, this many in all (0: score every candidate)", Range(0)),
     Flag("--max-request-body-bytes", "max_request_body_bytes", INT, SCHEDULING,
          "larger request bodies are refused with 413 (the picker buffers the body)", AT_LEAST_1),
     Flag("--usage-sample-rate", "usage_sample_rate", FLOAT, SCHEDULING,

@@ -269,8 +269,8 @@ class EppConfig:
     pool_group: str = "inference.networking.k8s.io"
     kubeconfig: str = ""
     max_endpoints: int = 1
-    # Above this many candidates a decision scores a shortlist of them (extproc/scheduling/shortlist.py):
-    # scoring is ~1.5 us of Python per endpoint, three quarters of a request's CPU at 256 endpoints.
+    # Above this many candidates a decision scores a shortlist of them (extproc/scheduling/shortlist.py;
+    # 0: every candidate): scoring is ~1.5 us of Python per endpoint, most of a request's CPU at 256.
     max_scored_endpoints: int = 32
     explain_decisions: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)

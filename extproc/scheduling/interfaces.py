@@ -101,6 +101,14 @@ class PickObserver(Protocol):
     def finished(self, request: SchedulingRequest, endpoint: Endpoint) -> None: ...
 
 
+@runtime_checkable
+class QueueRanker(Protocol):
+    """A scorer that can rank endpoints by what a new prompt would wait there before its own
+    prefill (predicted-ttft-scorer); a large pool's shortlist takes the least-waiting ones."""
+
+    def queue_costs(self, endpoints: Sequence[Endpoint], loads: Sequence[float]) -> list[float]: ...
+
+
 class Picker(Protocol):
     name: str
 

@@ -33,7 +33,15 @@ from dataclasses import dataclass
 from extproc.core.datastore import Endpoint
 from extproc.core.errors import EppError, ErrorCode
 from extproc.prefix.index import PrefixIndex
-from extproc.scheduling.interfaces import Filter, Picker, PickObserver, PreciseSource, SchedulingRequest, Scorer
+from extproc.scheduling.interfaces import (
+    Filter,
+    Picker,
+    PickObserver,
+    PreciseSource,
+    QueueRanker,
+    SchedulingRequest,
+    Scorer,
+)
 from extproc.scheduling.shortlist import Shortlist
 
 
@@ -111,6 +119,7 @@ class Scheduler:
         self.precise = precise
         self.shortlist = shortlist
         self.observers = [ws.scorer for ws in self.scorers if isinstance(ws.scorer, PickObserver)]
+        self.ranker = next((ws.scorer for ws in self.scorers if isinstance(ws.scorer, QueueRanker)), None)
 
     def schedule(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> Decision:
         endpoints: Sequence[Endpoint] = candidates
@@ -130,7 +139,7 @@ class Scheduler:
         if precise is not None:
             request.precise_match, request.precise_usable = precise.match(token_keys, keys)
         if self.shortlist is not None and self.shortlist.applies(len(endpoints)):
-            endpoints = self.shortlist.select(request, endpoints, keys)
+            endpoints = self.shortlist.select(request, endpoints, keys, self.ranker)
         totals: list[float] = [0.0] * len(endpoints)
         per_scorer: list[list[float]] = []
         for k, ws in enumerate(self.scorers):

@@ -2,28 +2,32 @@
 
 Scoring an endpoint in Python costs about 1.5 us (predicted-ttft-scorer: its drained backlog,
 load, slot wait, cache fullness and eviction terms), so at 256 endpoints the scorers were three
-quarters of a request's CPU (bench/results/scale.md). Above `limit` candidates the scheduler scores
+quarters of a request's CPU (docs/scale.md). Above `limit` candidates the scheduler scores
 a shortlist of at most `limit` of them instead:
 
 1. every candidate holding part of the prompt in the approximate or the precise index, or the
    request's affinity key: only there can a hit lower the cost. The longest matches first and,
    among equal matches, the least loaded (the holders a hot prefix's bounded reuse still
    admits), at most limit / 2 of them;
-2. the least-loaded candidates (extproc/scheduling/load.py's load), a quarter of `limit`,
-   ties broken from a random offset so equal loads do not favour the pool's first endpoints:
-   where the pool is busy, the idle replicas are what a cold prompt needs;
-3. a uniform random sample of the rest up to `limit`: the endpoints the load alone misranks
-   (a short backlog behind a high count, a faster engine, an emptier cache) compete as in
+2. the least-waiting quarter of `limit`: ranked by what a prompt held whole would wait there
+   (a `QueueRanker` scorer's; predicted-ttft-scorer's queued prefill at the endpoint's slowdown
+   and decode contention, latency.py's `queue_costs`), by load (extproc/scheduling/load.py)
+   without one; ties broken from a random offset so that equal ones do not favour the pool's
+   first endpoints. On a busy pool these are what a cold prompt needs; a count of requests
+   alone misses how much prefill each one queues (ranked by it, a shortlist of 32 of 64
+   simulated replicas had a worse TTFT tail than scoring all 64; ranked by the queue, level);
+3. a uniform random sample of the rest up to `limit`: the endpoints the ranking misranks
+   (an emptier cache, fewer prefixes to evict, a slot free sooner) compete as in
    power-of-d-choices load balancing, where the best of d random choices already keeps the
    busiest replica's excess at O(log log n / log d).
 
 The request keeps the whole pool (`pool`, `pool_loads`) so that pool-wide quantities (the mean
 load of the reuse and new-prompt bounds, the endpoints whose state is kept) stay the pool's, not
 the shortlist's. What remains per request in the pool size is one pass computing each load and
-the index lookup over the candidate set (both far cheaper than scoring).
+the index lookup over the candidate set, and the ranking (all far cheaper than scoring).
 
 Weighted profiles' min-max normalised scorers (queue, in-flight) then normalise over the
-shortlist; the least-loaded quarter keeps the pool's minimum in it.
+shortlist; without a ranker the least-loaded quarter keeps the pool's minimum in it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import random
 from collections.abc import Sequence
 
 from extproc.core.datastore import Endpoint
-from extproc.scheduling.interfaces import SchedulingRequest
+from extproc.scheduling.interfaces import QueueRanker, SchedulingRequest
 from extproc.scheduling.load import endpoint_load
 
 MIN_SHORTLIST = 4  # a holder, two of the least loaded and a sample at the least
@@ -52,11 +56,13 @@ class Shortlist:
         return 0 < self.limit < candidates
 
     def select(self, request: SchedulingRequest, endpoints: Sequence[Endpoint],
-               keys: Sequence[str]) -> list[Endpoint]:
+               keys: Sequence[str], ranker: QueueRanker | None = None) -> list[Endpoint]:
         """The candidates to score, in pool order; sets request.pool and request.pool_loads.
-        `keys`: the endpoints' keys (the scheduler has them for the index lookup)."""
+        `keys`: the endpoints' keys (the scheduler has them for the index lookup); `ranker`:
+        ranks the least-waiting quarter (by load without one)."""
         n, limit, rng = len(endpoints), self.limit, self._rng
         loads = list(map(endpoint_load, endpoints))
+        waits = ranker.queue_costs(endpoints, loads) if ranker is not None else loads
         request.pool, request.pool_loads = endpoints, loads
         chosen: set[int] = set()
         held = request.prefix_match.keys() | request.precise_match.keys() | request.affinity_match
@@ -70,7 +76,7 @@ class Shortlist:
             chosen.update(at[:limit // 2])
         start = rng.randrange(n)
         order = itertools.chain(range(start, n), range(start))
-        chosen.update(heapq.nsmallest(limit // 4, order, key=loads.__getitem__))
+        chosen.update(heapq.nsmallest(limit // 4, order, key=waits.__getitem__))
         want = limit - len(chosen)
         if want > 0:
             # want + |chosen| distinct draws hold at least `want` not chosen yet.

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
-from extproc.config.settings import EppConfig, PrefixConfig
+from extproc.config.settings import EppConfig, LatencyConfig, PrefixConfig
 from extproc.config.validate import check
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec
 from extproc.prefix.hashing import block_hashes
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler
 from extproc.scheduling.interfaces import SchedulingRequest
+from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from extproc.scheduling.shortlist import Shortlist
 from testkit.scheduling import Clock
@@ -143,3 +145,48 @@ def test_bounded_reuse_reads_the_pools_mean_load_not_the_shortlists() -> None:
             r.pool, r.pool_loads = eps, [float(ep.inflight) for ep in eps]
         scorer.score(r, scored)
         assert ("reuse=over-bound" in r.signals.get(eps[0].key, "")) is pooled
+
+
+class Ranked:
+    """A QueueRanker with set costs."""
+
+    def __init__(self, costs: list[float]) -> None:
+        self.costs = costs
+
+    def queue_costs(self, endpoints: Sequence[Endpoint], loads: Sequence[float]) -> list[float]:
+        return self.costs
+
+
+def test_the_least_waiting_quarter_follows_the_rankers_queue_not_the_request_count() -> None:
+    ds = pool(16)
+    eps = ds.snapshot()
+    for i in (5, 9):  # the most requests in flight, the shortest queue
+        for _ in range(3):
+            ds.acquire(eps[i].key)
+    costs = [100.0 + i for i in range(16)]
+    costs[5], costs[9] = 1.0, 2.0
+    keys = [ep.key for ep in eps]
+    for seed in range(20):
+        chosen = Shortlist(8, random.Random(seed)).select(req(b"z"), eps, keys, Ranked(costs))
+        assert eps[5] in chosen and eps[9] in chosen
+
+
+def test_the_models_queue_ranking_is_its_prediction_for_a_prompt_held_whole() -> None:
+    """latency.py's queue_costs: slowdown x (overhead + drained backlog x ms per token + decode per
+    sequence x load); what predict_ttfts says for 0 uncached tokens where one step holds the
+    backlog and no slot wait applies."""
+    config = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.5, step_tokens=1000)
+    clock = Clock()
+    model = LatencyModel(config, bytes_per_token=4, clock=clock)
+    ds = pool(3)
+    a, b, c = ds.snapshot()
+    model.routed(a, 1500, None, clock.now)
+    model.work(b, clock.now)  # known, idle
+    ds.acquire(b.key)
+    ds.acquire(b.key)
+    clock.now += 0.05  # 50 ms at 10 tokens per ms: 1,000 tokens left on a
+    loads = [float(ep.inflight) for ep in (a, b, c)]
+    costs = model.queue_costs([a, b, c], loads, clock.now)
+    assert costs == pytest.approx([10 + 1000 * 0.1, 10 + 0.5 * 2, 10])  # c: no state, idle
+    works = model.works([a, b, c], clock.now)
+    assert costs == pytest.approx(model.predict_ttfts([a, b, c], works, [0.0] * 3, loads))

@@ -237,6 +237,11 @@ class PredictedTtftScorer:
         best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
 
+    def queue_costs(self, endpoints: Sequence[Endpoint], loads: Sequence[float]) -> list[float]:
+        """QueueRanker: latency.py's `queue_costs` (what a prompt held whole would wait there);
+        the shortlist (extproc/scheduling/shortlist.py) keeps the endpoints where it is least."""
+        return self.model.queue_costs(endpoints, loads, self._clock())
+
     def _bound_new_prompt(self, request: SchedulingRequest, loads: Sequence[float],
                           works: Sequence[EndpointWork], costs: list[float]) -> None:
         """A prompt no candidate holds has no cache to keep: it goes to an endpoint within its load
