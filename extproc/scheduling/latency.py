@@ -224,27 +224,6 @@ class LatencyModel(Calibration):
             out.append(ttft)
         return out
 
-    def queue_costs(self, endpoints: Sequence[Endpoint], loads: Sequence[float], now: float) -> list[float]:
-        """A ranking of the endpoints by what a prompt they hold whole would wait there:
-        slowdown x (overhead + backlog drained to `now` x prefill_ms_per_token + decode_ms_per_seq
-        x load), for a large pool's shortlist (extproc/scheduling/shortlist.py). Cheaper than
-        `works` + `predict_ttfts` over the pool: no state is changed, a scrape not applied yet and
-        the slot wait are left to the prediction of the endpoints kept; one without state ranks
-        as idle at the pool's slowdown."""
-        c = self.config
-        overhead, per_ms, per_seq = c.overhead_ms, c.prefill_ms_per_token, c.decode_ms_per_seq
-        states, fresh = self._work, self._pool_slowdown
-        out = []
-        for ep, load in zip(endpoints, loads, strict=True):
-            w = states.get(ep.key)
-            if w is None:
-                out.append(fresh * (overhead + per_seq * load))
-                continue
-            slow = w.slowdown
-            left = w.backlog - (now - w.updated_at) * 1000.0 / (per_ms * slow)
-            out.append(slow * (overhead + (left if left > 0.0 else 0.0) * per_ms + per_seq * load))
-        return out
-
     def decode_ms(self, ep: Endpoint, output_tokens: int) -> float:
         """Predicted decode time of `output_tokens` on `ep` without slowdown; -1 when unknown."""
         if output_tokens <= 0:

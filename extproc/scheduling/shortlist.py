@@ -10,8 +10,8 @@ a shortlist of at most `limit` of them instead:
    among equal matches, the least loaded (the holders a hot prefix's bounded reuse still
    admits), at most limit / 2 of them;
 2. the least-waiting quarter of `limit`: ranked by what a prompt held whole would wait there
-   (a `QueueRanker` scorer's; predicted-ttft-scorer's queued prefill at the endpoint's slowdown
-   and decode contention, latency.py's `queue_costs`), by load (extproc/scheduling/load.py)
+   (a `QueueRanker` scorer's; predicted-ttft-scorer's prediction for 0 uncached tokens, every
+   endpoint's state brought up to date with its scrapes on the way), by load (extproc/scheduling/load.py)
    without one; ties broken from a random offset so that equal ones do not favour the pool's
    first endpoints. On a busy pool these are what a cold prompt needs; a count of requests
    alone misses how much prefill each one queues (ranked by it, a shortlist of 32 of 64

@@ -5,17 +5,17 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
 from extproc.config.settings import EppConfig, LatencyConfig, PrefixConfig
 from extproc.config.validate import check
-from extproc.core.datastore import Datastore, Endpoint, EndpointSpec
+from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
 from extproc.prefix.hashing import block_hashes
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler
 from extproc.scheduling.interfaces import SchedulingRequest
-from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from extproc.scheduling.shortlist import Shortlist
 from testkit.scheduling import Clock
@@ -171,22 +171,25 @@ def test_the_least_waiting_quarter_follows_the_rankers_queue_not_the_request_cou
         assert eps[5] in chosen and eps[9] in chosen
 
 
-def test_the_models_queue_ranking_is_its_prediction_for_a_prompt_held_whole() -> None:
-    """latency.py's queue_costs: slowdown x (overhead + drained backlog x ms per token + decode per
-    sequence x load); what predict_ttfts says for 0 uncached tokens where one step holds the
-    backlog and no slot wait applies."""
-    config = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.5, step_tokens=1000)
+def test_the_scorers_ranking_is_its_prediction_for_a_prompt_held_whole_and_reads_every_scrape() -> None:
+    """predicted-ttft-scorer's queue_costs: slowdown x (overhead + drained backlog x ms per token +
+    steps x decode per sequence x load), i.e. predict_ttfts for 0 uncached tokens; on the way
+    every endpoint's new scrape is applied, scored or not (a waiting queue raises its backlog)."""
+    config = replace(EppConfig(), latency=LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0,
+                                                        decode_ms_per_seq=0.5, step_tokens=1000))
     clock = Clock()
-    model = LatencyModel(config, bytes_per_token=4, clock=clock)
+    scorer = PredictedTtftScorer(config, clock, PrefixIndex(1000))
+    model = scorer.model
     ds = pool(3)
     a, b, c = ds.snapshot()
     model.routed(a, 1500, None, clock.now)
-    model.work(b, clock.now)  # known, idle
     ds.acquire(b.key)
     ds.acquire(b.key)
     clock.now += 0.05  # 50 ms at 10 tokens per ms: 1,000 tokens left on a
     loads = [float(ep.inflight) for ep in (a, b, c)]
-    costs = model.queue_costs([a, b, c], loads, clock.now)
-    assert costs == pytest.approx([10 + 1000 * 0.1, 10 + 0.5 * 2, 10])  # c: no state, idle
-    works = model.works([a, b, c], clock.now)
-    assert costs == pytest.approx(model.predict_ttfts([a, b, c], works, [0.0] * 3, loads))
+    assert scorer.queue_costs([a, b, c], loads) == pytest.approx([10 + 1000 * 0.1, 10 + 0.5 * 2, 10])
+    model.routed(c, 200, None, clock.now)  # c's mean routed request: 200 tokens
+    ds.set_metrics(c.key, ModelServerMetrics(waiting=20, running=1, updated_at=clock.now, ok=True))
+    costs = scorer.queue_costs([a, b, c], loads)  # c's load is given as 0: no decode term
+    queued = 20 * model.work(c, clock.now).mean_uncached  # at least 20 mean requests wait there
+    assert queued > 200 and costs[2] == pytest.approx(10 + queued * 0.1)

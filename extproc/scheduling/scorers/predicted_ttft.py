@@ -238,9 +238,17 @@ class PredictedTtftScorer:
         return [best / cost for cost in costs]
 
     def queue_costs(self, endpoints: Sequence[Endpoint], loads: Sequence[float]) -> list[float]:
-        """QueueRanker: latency.py's `queue_costs` (what a prompt held whole would wait there);
-        the shortlist (extproc/scheduling/shortlist.py) keeps the endpoints where it is least."""
-        return self.model.queue_costs(endpoints, loads, self._clock())
+        """QueueRanker: each endpoint's predicted TTFT for a prompt it holds whole (0 uncached
+        tokens: its fixed cost, queued prefill and decode contention at its slowdown, or its slot
+        wait); the shortlist (extproc/scheduling/shortlist.py) keeps the endpoints where it is
+        least. Every endpoint's state is brought up to date on the way (`works`), scored or not:
+        the model learns from each scrape as it lands (the idle bound counts the tokens routed
+        since the scrape before; slot limits and late first tokens are read from each), so one
+        left unread until the endpoint is next scored is a staler model. A ranking from the
+        states as they were (no scrape applied) had a worse TTFT tail through Envoy at 64
+        simulated replicas than scoring every one; this one was level."""
+        model = self.model
+        return model.predict_ttfts(endpoints, model.works(endpoints, self._clock()), [0.0] * len(endpoints), loads)
 
     def _bound_new_prompt(self, request: SchedulingRequest, loads: Sequence[float],
                           works: Sequence[EndpointWork], costs: list[float]) -> None:
