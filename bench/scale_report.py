@@ -108,8 +108,9 @@ def decision_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
     plt.close(fig)
     lines += ["", "![decision latency and CPU](scale-decision.png)", ""]
     if earlier:
-        lines += ["Beside an earlier commit's code, the same bench run within the hour on the same machine "
-                  f"(`--label`; repetitions: {_reps(earlier)}), at 4 and 256 endpoints:", "",
+        lines += ["Beside other code, the same bench run within the hour on the same machine (`--label`: an "
+                  "earlier commit's code, or `all-scored`, the current code with `--max-scored-endpoints 0`; "
+                  f"repetitions: {_reps(earlier)}), at 4 and 256 endpoints:", "",
                   "| code | mode | endpoints | tokens | p50 ms | p99 ms | CPU ms/request |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for e in earlier:

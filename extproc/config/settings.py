@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Literal
 
+MIN_SCORED_ENDPOINTS = 4  # --max-scored-endpoints: a holder, two of the least waiting and a sample at the least
 
 @dataclass(frozen=True)
 class PrefixConfig:
@@ -271,7 +272,7 @@ class EppConfig:
     max_endpoints: int = 1
     # Above this many candidates a decision scores a shortlist of them (extproc/scheduling/shortlist.py;
     # 0: every candidate): scoring is ~1.5 us of Python per endpoint, most of a request's CPU at 256.
-    max_scored_endpoints: int = 32
+    max_scored_endpoints: int = 32  # or 0; at least MIN_SCORED_ENDPOINTS
     explain_decisions: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024  # the picker buffers the body: bound it (413 above)
     # Share of routed requests whose response body the picker asks for (the closed loop of

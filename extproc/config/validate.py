@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extproc.config.flags import FLAGS, value_at
-from extproc.config.settings import EppConfig
-from extproc.scheduling.shortlist import MIN_SHORTLIST
+from extproc.config.settings import MIN_SCORED_ENDPOINTS, EppConfig
 
 # RFC 9110 token, lower case (HTTP/2 and Envoy's ext_proc carry header names in lower case).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
@@ -86,9 +85,10 @@ def check(config: EppConfig) -> list[str]:
     if not problems and config.max_buffered_bytes < config.max_request_body_bytes:
         problems.append(f"--max-buffered-bytes ({config.max_buffered_bytes}) must be >= --max-request-body-bytes "
                         f"({config.max_request_body_bytes}), or a body of the allowed size could never be buffered")
-    if 0 < config.max_scored_endpoints < MIN_SHORTLIST:
-        problems.append(f"--max-scored-endpoints must be 0 (score every candidate) or >= {MIN_SHORTLIST} (room for "
-                        f"the holders of the prompt, the least loaded and a sample), got {config.max_scored_endpoints}")
+    if 0 < config.max_scored_endpoints < MIN_SCORED_ENDPOINTS:
+        problems.append(f"--max-scored-endpoints must be 0 (score every candidate) or >= {MIN_SCORED_ENDPOINTS} "
+                        f"(room for the prompt's holders, the least waiting and a sample), "
+                        f"got {config.max_scored_endpoints}")
     if not valid_header_name(config.affinity.session_header):
         problems.append(f"--session-header must be an HTTP header name (letters, digits, - and the other "
                         f"token characters) or empty, got {config.affinity.session_header!r}")

@@ -37,18 +37,18 @@ import itertools
 import random
 from collections.abc import Sequence
 
+from extproc.config.settings import MIN_SCORED_ENDPOINTS
 from extproc.core.datastore import Endpoint
 from extproc.scheduling.interfaces import QueueRanker, SchedulingRequest
 from extproc.scheduling.load import endpoint_load
 
-MIN_SHORTLIST = 4  # a holder, two of the least loaded and a sample at the least
 HOLDERS_BY_INDEX = 8  # up to this many holders are found by searching the keys, more in one pass
 
 
 class Shortlist:
     def __init__(self, limit: int, rng: random.Random | None = None) -> None:
-        if limit < 0 or 0 < limit < MIN_SHORTLIST:
-            raise ValueError(f"max_scored_endpoints must be 0 (score every candidate) or at least {MIN_SHORTLIST}")
+        if limit < 0 or 0 < limit < MIN_SCORED_ENDPOINTS:
+            raise ValueError(f"max_scored_endpoints must be 0 (every candidate) or at least {MIN_SCORED_ENDPOINTS}")
         self.limit = limit
         self._rng = rng or random.Random()
 
