@@ -72,6 +72,7 @@ class Shortlist:
             else:  # one pass rather than one search per holder
                 at = [i for i, k in enumerate(keys) if k in held]
             prefix, precise = request.prefix_match, request.precise_match
+            # Blocks of either index (bytes or tokens: a ranking, not a measure), then the load.
             at.sort(key=lambda i: (-max(prefix.get(keys[i], 0), precise.get(keys[i], 0)), loads[i]))
             chosen.update(at[:limit // 2])
         start = rng.randrange(n)
