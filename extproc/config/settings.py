@@ -14,6 +14,7 @@ from typing import Literal
 
 MIN_SCORED_ENDPOINTS = 4  # --max-scored-endpoints: a holder, two of the least waiting and a sample at the least
 
+
 @dataclass(frozen=True)
 class PrefixConfig:
     """Approximate prefix-cache index (see extproc/prefix/)."""

@@ -6,7 +6,7 @@
    An affinity hint is looked up in the same index as a one-block chain of its own:
    `request.affinity_match` = candidates holding `affinity_hash`.
    Above --max-scored-endpoints candidates, only a shortlist of them is scored: those holding
-   part of the prompt, the least loaded and a random sample (extproc/scheduling/shortlist.py).
+   part of the prompt, the least waiting and a random sample (extproc/scheduling/shortlist.py).
 3. total(e) = sum_i weight_i * clamp(score_i(e), 0, 1) (the Go EPP's unnormalised weighted sum).
 4. The picker returns up to `max_endpoints` endpoints, best first.
 5. The request's block hashes are recorded in the index for the first pick (decision time), so

@@ -11,11 +11,12 @@ a shortlist of at most `limit` of them instead:
    admits), at most limit / 2 of them;
 2. the least-waiting quarter of `limit`: ranked by what a prompt held whole would wait there
    (a `QueueRanker` scorer's; predicted-ttft-scorer's prediction for 0 uncached tokens, every
-   endpoint's state brought up to date with its scrapes on the way), by load (extproc/scheduling/load.py)
-   without one; ties broken from a random offset so that equal ones do not favour the pool's
-   first endpoints. On a busy pool these are what a cold prompt needs; a count of requests
-   alone misses how much prefill each one queues (ranked by it, a shortlist of 32 of 64
-   simulated replicas had a worse TTFT tail than scoring all 64; ranked by the queue, level);
+   endpoint's state brought up to date with its scrapes on the way), by load
+   (extproc/scheduling/load.py) without one; ties broken from a random offset so that equal
+   ones do not favour the pool's first endpoints. On a busy pool these are what a cold prompt
+   needs; a count of requests alone misses how much prefill each one queues (ranked by it, a
+   shortlist of 32 of 64 simulated replicas had a worse TTFT tail than scoring all 64; ranked
+   by the queue, level);
 3. a uniform random sample of the rest up to `limit`: the endpoints the ranking misranks
    (an emptier cache, fewer prefixes to evict, a slot free sooner) compete as in
    power-of-d-choices load balancing, where the best of d random choices already keeps the

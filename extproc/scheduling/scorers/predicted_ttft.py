@@ -266,11 +266,9 @@ class PredictedTtftScorer:
         shortlist's mean speed times the pool's size."""
         if self._bound(request, loads) is None:
             return
+        pool = request.pool_loads or loads
         speeds = [1.0 / w.slowdown if w.slowdown > 0 else 1.0 for w in works]
-        total_speed, f = sum(speeds), self.balance.factor
-        total_load = sum(request.pool_loads) if request.pool_loads else sum(loads)
-        if request.pool_loads:
-            total_speed *= len(request.pool_loads) / len(loads)
+        total_load, total_speed, f = sum(pool), sum(speeds) * len(pool) / len(loads), self.balance.factor
         over = [over_load(load, load_bound(total_load, total_speed, f, speed))
                 for load, speed in zip(loads, speeds, strict=True)]
         within = [cost for cost, o in zip(costs, over, strict=True) if not o]
