@@ -89,6 +89,7 @@ class Calibration:
     config: LatencyConfig
     bytes_per_token: float
     pool_limit: float
+    pool_version: int
     _bpt_windows: int
     _pool_slowdown: float
     _work: dict[str, EndpointWork]
@@ -130,6 +131,7 @@ class Calibration:
         r = before / after
         if r == 1.0:
             return
+        self.pool_version += 1
         for w in self._work.values():
             f = 1.0 - w.estimated + w.estimated * r
             w.backlog *= f
@@ -177,7 +179,10 @@ class Calibration:
         """The pool's admission limit: the median of those shown (slots.py); run when one changes,
         so its O(endpoints) is paid at a saturated scrape, not per request."""
         known = sorted(w.slots.limit for w in self._work.values() if w.slots.limit > 0)
-        self.pool_limit = known[len(known) // 2] if known else -1.0
+        limit = known[len(known) // 2] if known else -1.0
+        if limit != self.pool_limit:
+            self.pool_limit = limit
+            self.pool_version += 1
 
     def _share_calibration(self) -> None:
         """Endpoints not calibrated themselves take the pool's slowdown (module docstring); run once
@@ -189,6 +194,8 @@ class Calibration:
         pool = self._pool_slowdown
         for w in self._work.values():
             if w.calibration_source not in CALIBRATED and not 0 <= w.partial_ratio < pool:
+                if w.slowdown != pool:
+                    self.pool_version += 1
                 w.slowdown, w.calibration_source = pool, "pool"
 
     def _calibrate_from_end(self, w: EndpointWork, elapsed_ms: float, routing: Routing) -> None:

@@ -106,7 +106,8 @@ class QueueRanker(Protocol):
     """A scorer that can rank endpoints by what a new prompt would wait there before its own
     prefill (predicted-ttft-scorer); a large pool's shortlist takes the least-waiting ones."""
 
-    def queue_costs(self, endpoints: Sequence[Endpoint], loads: Sequence[float]) -> list[float]: ...
+    def queue_costs(self, endpoints: Sequence[Endpoint], keys: Sequence[str]) -> tuple[list[float], list[float]]:
+        """(each endpoint's load, what a prompt held whole would wait there), in the order given."""
 
 
 class Picker(Protocol):

@@ -83,10 +83,18 @@ class LatencyModel(Calibration):
         self._tokens = 0  # the last token handed out by `admit`
         self.pool_limit = -1.0  # the median admission limit the endpoints showed (slots.py); -1: none yet
         self.pool_peak_running = 0.0  # the most running sequences any endpoint was seen to hold
+        # Bumped whenever a pool-wide quantity moves (the pool's admission limit or slowdown,
+        # bytes per token): every endpoint's prediction may have changed (queue_ranking.py).
+        self.pool_version = 0
+        # Endpoints whose state a single-endpoint call changed (a request routed, answered,
+        # moved) since the queue ranking last read them; bounded by the states kept.
+        self.touched: set[str] = set()
 
     # -- per-endpoint state ------------------------------------------------------------------
     def work(self, ep: Endpoint, now: float) -> EndpointWork:
-        """The endpoint's state, drained to `now` and corrected by a scrape not yet applied."""
+        """The endpoint's state, drained to `now` and corrected by a scrape not yet applied; the
+        caller may change it (the endpoint counts as touched)."""
+        self.touched.add(ep.key)
         return self.works((ep,), now)[0]
 
     def works(self, endpoints: Sequence[Endpoint], now: float) -> list[EndpointWork]:
@@ -166,6 +174,7 @@ class LatencyModel(Calibration):
         wanted = {ep.key for ep in keep}
         for key in [k for k in self._work if k not in wanted]:
             del self._work[key]
+        self.touched &= wanted
 
     def __len__(self) -> int:
         return len(self._work)
@@ -288,6 +297,7 @@ class LatencyModel(Calibration):
     def leave(self, ep: Endpoint, token: int) -> None:
         w = self._work.get(ep.key)
         if w is not None:
+            self.touched.add(ep.key)
             w.slots.leave(token)
             w.first.remove(token)
 

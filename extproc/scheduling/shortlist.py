@@ -11,7 +11,8 @@ a shortlist of at most `limit` of them instead:
    admits), at most limit / 2 of them;
 2. the least-waiting quarter of `limit`: ranked by what a prompt held whole would wait there
    (a `QueueRanker` scorer's; predicted-ttft-scorer's prediction for 0 uncached tokens, every
-   endpoint's state brought up to date with its scrapes on the way), by load
+   new scrape applied on the way, kept between decisions where nothing changed:
+   extproc/scheduling/queue_ranking.py), by load
    (extproc/scheduling/load.py) without one; ties broken from a random offset so that equal
    ones do not favour the pool's first endpoints. On a busy pool these are what a cold prompt
    needs; a count of requests alone misses how much prefill each one queues (ranked by it, a
@@ -24,8 +25,9 @@ a shortlist of at most `limit` of them instead:
 
 The request keeps the whole pool (`pool`, `pool_loads`) so that pool-wide quantities (the mean
 load of the reuse and new-prompt bounds, the endpoints whose state is kept) stay the pool's, not
-the shortlist's. What remains per request in the pool size is one pass computing each load and
-the index lookup over the candidate set, and the ranking (all far cheaper than scoring).
+the shortlist's. What remains per request in the pool size: the index lookup over the candidate
+set, the ranking's check of what changed and its sort, and one pass over the pool's loads for its
+mean (all far cheaper than scoring).
 
 Weighted profiles' min-max normalised scorers (queue, in-flight) then normalise over the
 shortlist; without a ranker the least-loaded quarter keeps the pool's minimum in it.
@@ -33,8 +35,6 @@ shortlist; without a ranker the least-loaded quarter keeps the pool's minimum in
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import random
 from collections.abc import Sequence
 
@@ -62,8 +62,10 @@ class Shortlist:
         `keys`: the endpoints' keys (the scheduler has them for the index lookup); `ranker`:
         ranks the least-waiting quarter (by load without one)."""
         n, limit, rng = len(endpoints), self.limit, self._rng
-        loads = list(map(endpoint_load, endpoints))
-        waits = ranker.queue_costs(endpoints, loads) if ranker is not None else loads
+        if ranker is not None:
+            loads, waits = ranker.queue_costs(endpoints, keys)
+        else:
+            loads = waits = list(map(endpoint_load, endpoints))
         request.pool, request.pool_loads = endpoints, loads
         chosen: set[int] = set()
         held = request.prefix_match.keys() | request.precise_match.keys() | request.affinity_match
@@ -77,8 +79,9 @@ class Shortlist:
             at.sort(key=lambda i: (-max(prefix.get(keys[i], 0), precise.get(keys[i], 0)), loads[i]))
             chosen.update(at[:limit // 2])
         start = rng.randrange(n)
-        order = itertools.chain(range(start, n), range(start))
-        chosen.update(heapq.nsmallest(limit // 4, order, key=waits.__getitem__))
+        order = [*range(start, n), *range(start)]
+        order.sort(key=waits.__getitem__)  # stable: equal waits stay in the rotated order
+        chosen.update(order[:limit // 4])
         want = limit - len(chosen)
         if want > 0:
             # want + |chosen| distinct draws hold at least `want` not chosen yet.

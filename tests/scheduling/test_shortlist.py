@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -153,8 +154,8 @@ class Ranked:
     def __init__(self, costs: list[float]) -> None:
         self.costs = costs
 
-    def queue_costs(self, endpoints: Sequence[Endpoint], loads: Sequence[float]) -> list[float]:
-        return self.costs
+    def queue_costs(self, endpoints: Sequence[Endpoint], keys: Sequence[str]) -> tuple[list[float], list[float]]:
+        return [float(ep.inflight) for ep in endpoints], self.costs
 
 
 def test_the_least_waiting_quarter_follows_the_rankers_queue_not_the_request_count() -> None:
@@ -186,10 +187,12 @@ def test_the_scorers_ranking_is_its_prediction_for_a_prompt_held_whole_and_reads
     ds.acquire(b.key)
     ds.acquire(b.key)
     clock.now += 0.05  # 50 ms at 10 tokens per ms: 1,000 tokens left on a
-    loads = [float(ep.inflight) for ep in (a, b, c)]
-    assert scorer.queue_costs([a, b, c], loads) == pytest.approx([10 + 1000 * 0.1, 10 + 0.5 * 2, 10])
+    loads, costs = scorer.queue_costs([a, b, c], [a.key, b.key, c.key])
+    assert loads == [0.0, 2.0, 0.0]
+    assert costs == pytest.approx([10 + 1000 * 0.1, 10 + 0.5 * 2, 10])
     model.routed(c, 200, None, clock.now)  # c's mean routed request: 200 tokens
     ds.set_metrics(c.key, ModelServerMetrics(waiting=20, running=1, updated_at=clock.now, ok=True))
-    costs = scorer.queue_costs([a, b, c], loads)  # c's load is given as 0: no decode term
+    loads, costs = scorer.queue_costs([a, b, c], [a.key, b.key, c.key])
     queued = 20 * model.work(c, clock.now).mean_uncached  # at least 20 mean requests wait there
-    assert queued > 200 and costs[2] == pytest.approx(10 + queued * 0.1)
+    assert loads[2] == 21.0 and queued > 200
+    assert costs[2] == pytest.approx(10 + queued * 0.1 + math.ceil(queued / 1000) * 0.5 * 21)

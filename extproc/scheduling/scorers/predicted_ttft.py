@@ -68,6 +68,7 @@ from extproc.scheduling.endpoint_work import EndpointWork
 from extproc.scheduling.interfaces import Routing, SchedulingRequest
 from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
+from extproc.scheduling.queue_ranking import QueueRanking
 from extproc.scheduling.reuse import ReuseCounts, load_bound, over_bound, over_load
 
 MAX_HOMES = 65536  # prefix families remembered (~100 bytes each)
@@ -91,6 +92,7 @@ class PredictedTtftScorer:
         # compares the two indexes' predictions without changing the routing.
         self.precise = config.kv_events.prefix_scorer == "precise"
         self.model = LatencyModel(config.latency, config.prefix.bytes_per_token, clock)
+        self.ranking = QueueRanking(self.model)
         self.index = index
         self._clock = clock
         # Prefix family (first block) -> (endpoint it was last placed on, tokens its requests shared).
@@ -237,18 +239,18 @@ class PredictedTtftScorer:
         best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
 
-    def queue_costs(self, endpoints: Sequence[Endpoint], loads: Sequence[float]) -> list[float]:
-        """QueueRanker: each endpoint's predicted TTFT for a prompt it holds whole (0 uncached
+    def queue_costs(self, endpoints: Sequence[Endpoint], keys: Sequence[str]) -> tuple[list[float], list[float]]:
+        """QueueRanker: each endpoint's load and its predicted TTFT for a prompt it holds whole (0 uncached
         tokens: its fixed cost, queued prefill and decode contention at its slowdown, or its slot
         wait); the shortlist (extproc/scheduling/shortlist.py) keeps the endpoints where it is
-        least. Every endpoint's state is brought up to date on the way (`works`), scored or not:
-        the model learns from each scrape as it lands (the idle bound counts the tokens routed
-        since the scrape before; slot limits and late first tokens are read from each), so one
-        left unread until the endpoint is next scored is a staler model. A ranking from the
-        states as they were (no scrape applied) had a worse TTFT tail through Envoy at 64
-        simulated replicas than scoring every one; this one was level."""
-        model = self.model
-        return model.predict_ttfts(endpoints, model.works(endpoints, self._clock()), [0.0] * len(endpoints), loads)
+        least. Kept between decisions and recomputed where something changed
+        (extproc/scheduling/queue_ranking.py); every endpoint's new scrape is applied on the way,
+        scored or not: the model learns from each scrape as it lands (the idle bound counts the
+        tokens routed since the scrape before; slot limits and late first tokens are read from
+        each), so one left unread until the endpoint is next scored is a staler model. A ranking
+        from the states as they were (no scrape applied) had a worse TTFT tail through Envoy at
+        64 simulated replicas than scoring every one; this one was level."""
+        return self.ranking.rank(endpoints, keys, self._clock())
 
     def _bound_new_prompt(self, request: SchedulingRequest, loads: Sequence[float],
                           works: Sequence[EndpointWork], costs: list[float]) -> None:

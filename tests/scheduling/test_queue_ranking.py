@@ -1,0 +1,84 @@
+"""The shortlist's least-waiting ranking, kept between decisions (extproc/scheduling/queue_ranking.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.config.settings import LatencyConfig
+from extproc.core.datastore import Datastore, EndpointSpec, ModelServerMetrics
+from extproc.scheduling.latency import LatencyModel
+from extproc.scheduling.load import endpoint_load
+from extproc.scheduling.queue_ranking import QueueRanking
+from testkit.scheduling import Clock
+
+# 0.1 ms per token (10 tokens per ms), 10 ms fixed, 0.5 ms per running sequence per step.
+CONFIG = LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.5, step_tokens=1000)
+
+
+def setup(n: int = 4) -> tuple[Datastore, LatencyModel, QueueRanking, Clock]:
+    ds = Datastore()
+    ds.set_endpoints(EndpointSpec(f"10.0.0.{i + 1}", 8000) for i in range(n))
+    clock = Clock()
+    model = LatencyModel(CONFIG, 4.0, clock)
+    return ds, model, QueueRanking(model, refresh_s=0.02), clock
+
+
+def exact(model: LatencyModel, ds: Datastore, now: float) -> tuple[list[float], list[float]]:
+    eps = ds.snapshot()
+    loads = list(map(endpoint_load, eps))
+    return loads, model.predict_ttfts(eps, model.works(eps, now), [0.0] * len(eps), loads)
+
+
+def test_what_changed_is_recomputed_at_once_and_the_rest_kept_until_the_refresh() -> None:
+    ds, model, ranking, clock = setup()
+    eps = ds.snapshot()
+    keys = [ep.key for ep in eps]
+    a, b, c, _ = eps
+    assert ranking.rank(eps, keys, clock.now)[1] == [10.0] * 4 and ranking.full_passes == 1
+
+    model.routed(a, 1000, None, clock.now)  # the model's own state: 1,000 tokens queued on a
+    ds.acquire(b.key)  # b's in-flight count
+    ds.set_metrics(c.key, ModelServerMetrics(waiting=0, running=3, updated_at=clock.now, ok=True))  # a scrape
+    loads, costs = ranking.rank(eps, keys, clock.now)
+    assert ranking.full_passes == 1  # none of it needed a full pass
+    assert loads == [0.0, 1.0, 3.0, 0.0]
+    assert costs == pytest.approx([10 + 1000 * 0.1, 10 + 0.5, 10 + 0.5 * 3, 10])
+    assert (loads, costs) == exact(model, ds, clock.now)
+
+    # Time alone: a's backlog drains 10 tokens a ms, 1 ms of its cost per ms; kept for up to refresh_s.
+    clock.now += 0.015
+    _, costs = ranking.rank(eps, keys, clock.now)
+    assert ranking.full_passes == 1 and costs[0] == pytest.approx(110.0)
+    assert costs[0] - exact(model, ds, clock.now)[1][0] == pytest.approx(15.0)  # within 20 ms of drain
+    clock.now += 0.006
+    _, costs = ranking.rank(eps, keys, clock.now)
+    assert ranking.full_passes == 2 and costs[0] == pytest.approx(10 + 790 * 0.1)
+
+    # A response end the model hears of (touched), with nothing else changed: recomputed.
+    model.finished(a, model.mark(a), clock.now)
+    assert ranking.rank(eps, keys, clock.now)[1][0] == pytest.approx(10.0) and ranking.full_passes == 2
+
+
+def test_a_pool_wide_move_or_another_pool_recomputes_everything() -> None:
+    ds, model, ranking, clock = setup()
+    eps = ds.snapshot()
+    keys = [ep.key for ep in eps]
+    ranking.rank(eps, keys, clock.now)
+    model.pool_version += 1  # e.g. the pool's admission limit moved
+    ranking.rank(eps, keys, clock.now)
+    assert ranking.full_passes == 2
+    ranking.rank(eps[:3], keys[:3], clock.now)
+    assert ranking.full_passes == 3
+    ranking.rank(eps[:3], keys[:3], clock.now)
+    assert ranking.full_passes == 3
+
+
+def test_the_pools_admission_limit_moving_bumps_the_pool_version() -> None:
+    ds, model, _, clock = setup(2)
+    a, _ = ds.snapshot()
+    version = model.pool_version
+    model._share_limits()  # no limit known: nothing moved
+    assert model.pool_version == version
+    model.work(a, clock.now).slots.limit = 8
+    model._share_limits()
+    assert model.pool_limit == 8 and model.pool_version == version + 1
