@@ -17,14 +17,13 @@ size (docs/scale.md). Between two decisions little of it changes. An endpoint's 
    holding the slots age.
 
 So the ranking keeps each endpoint's load and cost with the in-flight count and metrics they
-were computed from,
-recomputes only the endpoints where 1-3 happened, and recomputes all of them when 4 happened, when
-the pool is not the one it ranked last, or once its costs are `refresh_s` old (RANK_REFRESH_S:
-5 ms): time's effect on the order is bounded by 5 ms of drain. At a few decisions a second every
-decision recomputes everything, as before; at hundreds a second the full pass is paid once per
-5 ms. A new scrape is still applied to the model before its endpoint is ranked (1), so the model
-learns from every scrape as it lands, scored or not (a ranking without that had a worse TTFT
-tail through Envoy: shortlist.py).
+were computed from, recomputes only the endpoints where 1-3 happened, and recomputes all of them
+when 4 happened, when the pool is not the one it ranked last, or once its costs are `refresh_s`
+old (RANK_REFRESH_S: 20 ms): time's effect on the order is bounded by 20 ms of drain. At a few
+decisions a second every decision recomputes everything, as before; at hundreds a second the
+full pass is paid once per 20 ms. A new scrape is still applied to the model before its
+endpoint is ranked (1), so the model learns from every scrape as it lands, scored or not (a
+ranking without that had a worse TTFT tail through Envoy: shortlist.py).
 """
 
 from __future__ import annotations
@@ -54,8 +53,9 @@ class QueueRanking:
 
     def rank(self, endpoints: Sequence[Endpoint], keys: Sequence[str], now: float) -> tuple[list[float], list[float]]:
         """(each endpoint's load, its predicted TTFT for 0 uncached tokens), in the order given;
-        both read only. A load changes only with the endpoint's in-flight count or a new scrape
-        (load.py), so it is kept and recomputed with the cost."""
+        both read only, and updated in place by the next call. A load changes only with the
+        endpoint's in-flight count or a new scrape (load.py), so it is kept and recomputed with
+        the cost."""
         model = self.model
         inflight = [ep.inflight for ep in endpoints]
         metrics = [ep.metrics for ep in endpoints]
