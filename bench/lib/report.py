@@ -25,7 +25,7 @@ from typing import Any
 from bench.lib import plots
 from bench.lib.aggregate import aggregate
 from bench.lib.oracle import OracleResult
-from bench.lib.tables import accuracy_table, clairvoyant_table, results_table, targets_table
+from bench.lib.tables import accuracy_table, clairvoyant_table, results_table, targets_table, ttft_split_table
 from bench.lib.targets import Target, evaluate_targets
 
 RESULTS = Path("bench/results")
@@ -82,6 +82,10 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     if relative:
         md += ["Relative to the clairvoyant reference (routes on the replicas' true caches and queues):", "",
                relative, ""]
+    split = ttft_split_table(means)
+    if split:
+        md += ["Where the TTFT goes (means; vLLM's TTFT histogram starts when its API server takes the "
+               "request in):", "", split, ""]
     accuracy = accuracy_table(means)
     if accuracy:
         md += ["Closed-loop prediction of cached tokens (picker /metrics at the end of each run; the router "

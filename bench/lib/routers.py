@@ -44,6 +44,11 @@ them and should not pay the simulator's publishing CPU.
 Real engines (`--backend vllm`, `bench.lib.vllm_backend`): the same setups in front of two `vllm
 serve` processes on 127.0.0.2 and 127.0.0.3 (a `Pool` of their addresses, processes and KV-event
 sockets, which they publish for every setup); `clairvoyant` has no counterpart there.
+
+Every Envoy a setup starts writes an access log (`with_access_log`, ACCESS_LOG_FORMAT), which
+`Router.access_log` names: per request, how long Envoy took from the request's first byte to the
+upstream request (the picker's whole exchange where there is one), read into the run's summary as
+`gateway_ms` (bench.lib.runner).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.lib import go_epp, llmd
 from bench.lib.oracle import BLOCK_SIZE
@@ -81,6 +87,13 @@ class Router:
     url: str  # base URL clients send /v1/... to
     procs: tuple[Proc, ...]  # the processes of this setup
     picker_metrics_url: str = ""  # prefix-epp's /metrics
+    access_log: Path | None = None  # the Envoy setups' access log (ACCESS_LOG_FORMAT), one line per request
+
+
+# Per request, in microseconds: Envoy's time from the request's first byte to the upstream request's
+# first byte (the whole ext_proc exchange and the pick, for setups with a picker), then the
+# upstream's time to its first response byte.
+ACCESS_LOG_FORMAT = "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)% %COMMON_DURATION(US_TX_END:US_RX_BEG:us)%\n"
 
 
 @dataclass(frozen=True)
@@ -143,13 +156,25 @@ def sim_replicas(tmp: Path, sim: SimSettings) -> Iterator[Pool]:
 
 
 @contextlib.contextmanager
-def _envoy(tmp: Path, name: str, config: dict[str, object], listen: int) -> Iterator[Proc]:
+def _envoy(tmp: Path, name: str, config: dict[str, Any], listen: int) -> Iterator[Proc]:
     path = tmp / f"{name}.yaml"
+    with_access_log(config, tmp / f"{name}.access.log")
     path.write_text(render(config))
     args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning",
             "--base-id", str(listen)]
     with running(args, tmp / f"{name}.log", wait_port=listen) as proc:
         yield proc
+
+
+def with_access_log(config: dict[str, Any], path: Path) -> None:
+    """Every HTTP connection manager of `config` logs each request to `path` in ACCESS_LOG_FORMAT."""
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                if f["name"] == "envoy.filters.network.http_connection_manager":
+                    f["typed_config"]["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                        "path": str(path), "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}}]
 
 
 @contextlib.contextmanager
@@ -159,7 +184,7 @@ def envoy_lb(tmp: Path, name: str, backends: Sequence[str]) -> Iterator[Router]:
     for cluster in config["static_resources"]["clusters"]:
         cluster["lb_policy"] = ENVOY_POLICIES[name]
     with _envoy(tmp, f"envoy-{name}", config, listen) as envoy:
-        yield Router(name, f"http://127.0.0.1:{listen}", (envoy,))
+        yield Router(name, f"http://127.0.0.1:{listen}", (envoy,), access_log=tmp / f"envoy-{name}.access.log")
 
 
 @contextlib.contextmanager
@@ -175,7 +200,8 @@ def prefix_epp_router(tmp: Path, backends: Sequence[str], picker_args: Sequence[
         wait_for_port(metrics_port)
         config = build_config(listen, f"127.0.0.1:{grpc_port}", admin, epp_tls=False, endpoints=tuple(backends))
         with _envoy(tmp, "envoy-prefix-epp", config, listen) as envoy:
-            yield Router(name, f"http://127.0.0.1:{listen}", (picker, envoy), f"http://127.0.0.1:{metrics_port}/metrics")
+            yield Router(name, f"http://127.0.0.1:{listen}", (picker, envoy), f"http://127.0.0.1:{metrics_port}/metrics",
+                         tmp / "envoy-prefix-epp.access.log")
 
 
 @contextlib.contextmanager
@@ -185,7 +211,8 @@ def go_epp_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
     with go_epp.go_epp(tmp, backends, ("--secure-serving=false",)) as (picker, grpc_port, metrics_url, _kube):
         config = go_epp.envoy_config(listen, grpc_port, admin, backends, tls=False)
         with _envoy(tmp, "envoy-go-epp", config, listen) as envoy:
-            yield Router("go-epp", f"http://127.0.0.1:{listen}", (picker, envoy), metrics_url)
+            yield Router("go-epp", f"http://127.0.0.1:{listen}", (picker, envoy), metrics_url,
+                         tmp / "envoy-go-epp.access.log")
 
 
 @contextlib.contextmanager
@@ -202,7 +229,8 @@ def llmd_router(name: str, tmp: Path, backends: Sequence[str], kv_events: Sequen
     with llmd.llmd_epp(tmp, backends, config) as (picker, grpc_port, metrics_url, _kube):
         envoy = go_epp.envoy_config(listen, grpc_port, admin, backends, tls=False)
         with _envoy(tmp, f"envoy-{name}", envoy, listen) as proxy:
-            yield Router(name, f"http://127.0.0.1:{listen}", (picker, proxy), metrics_url)
+            yield Router(name, f"http://127.0.0.1:{listen}", (picker, proxy), metrics_url,
+                         tmp / f"envoy-{name}.access.log")
 
 
 def go_epp_available() -> str:

@@ -9,7 +9,9 @@
 4. read prefix-epp's /metrics (decision latency, closed-loop accuracy), stop everything, and
    summarise (`bench.lib.stats.summarize`), adding `cpu_busy` (the machine's CPU use during the
    run) and the router's own CPU (`router_cpu_s`, `router_cpu_ms_per_request`: picker + Envoy,
-   or the router process; not the replicas or the API server).
+   or the router process; not the replicas or the API server), and, for the setups that run
+   Envoy, `gateway_ms`: Envoy's time from a request's first byte to its upstream request, from
+   the access log (`bench.lib.stats.gateway_figures`).
 A process of the setup that dies during the run raises `SetupDied`; `run_retrying` then starts
 over from scratch (`attempts`, 2). `sim_settings` sizes the replicas' KV cache from the oracle's
 working set (`bench.lib.workloads.kv_cache_blocks`). `RouterSpec` names a setup of
@@ -18,8 +20,9 @@ working set (`bench.lib.workloads.kv_cache_blocks`). `RouterSpec` names a setup 
 With `backend` (real vLLM, `bench.lib.vllm_backend`) step 1 is instead: wait until the engines
 started for the whole matrix are idle and reset their prefix caches; the prefix-epp setups get
 the model's tokenizer (`VllmBackend.picker_args`), and the summary adds the engines' own figures
-between the probe and the end of the load (`engine_hit_rate`, `engine_requests`), the latter as
-the load-balance columns when no response named its replica (`bench.lib.stats.with_engine_load`).
+between the probe and the end of the load (`engine_hit_rate`, `engine_requests`,
+`engine_ttft_ms_mean`, `engine_queue_ms_mean`), the requests as the load-balance columns when
+no response named its replica (`bench.lib.stats.with_engine_load`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 from bench.lib import client
 from bench.lib.oracle import OracleResult
 from bench.lib.routers import KV_EVENT_ROUTERS, PUBLISHING_ROUTERS, SimSettings, dead, sim_replicas, start
-from bench.lib.stats import summarize, with_engine_load
+from bench.lib.stats import gateway_figures, summarize, with_engine_load
 from bench.lib.vllm_backend import VllmBackend
 from bench.lib.workloads import Workload, kv_cache_blocks
 
@@ -85,6 +88,12 @@ def sim_settings(oracle: OracleResult, replicas: int, time_scale: float,
     sizing = (workload.pool_factor, workload.running_headroom) if workload else ()
     blocks = kv_cache_blocks(oracle.working_set_blocks, oracle.largest_request_blocks, replicas, *sizing)
     return SimSettings(replicas=replicas, kv_cache_blocks=blocks, time_scale=time_scale)
+
+
+def _last_lines(path: Path | None, n: int) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text().splitlines()[-n:])
 
 
 def _cpu_busy() -> tuple[float, float]:
@@ -161,8 +170,15 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
                     picker_metrics = resp.read()
     say(f"[{router.label}] {len(result.requests)} requests done in {result.wall_s:.0f} s; everything stopped")
     summary = summarize(result.requests, result.wall_s, pool.addresses, picker_metrics)
+    # The log's last lines are the workload's requests (the probe's comes first); Envoy has
+    # flushed it by now, having stopped.
+    gateway = gateway_figures(_last_lines(handle.access_log, len(result.requests)))
+    if gateway:
+        summary["gateway_ms"] = gateway
     if engine:
-        summary = with_engine_load(summary, engine["engine_hit_rate"], engine["engine_requests"])
+        summary = with_engine_load(summary, engine["engine_hit_rate"], engine["engine_requests"],
+                                   engine_ttft_ms_mean=engine["engine_ttft_ms_mean"],
+                                   engine_queue_ms_mean=engine["engine_queue_ms_mean"])
     summary["cpu_busy"] = round((busy1 - busy0) / (total1 - total0), 3) if total1 > total0 else None
     # The router's own processes (picker + Envoy, or the router), not the replicas or the API server.
     summary["router_cpu_s"] = round(cpu1 - cpu0, 2)

@@ -17,9 +17,14 @@
   its /metrics: predictions compared with the replicas' usage, the share within one block
   (`..._predicted_within_one_block_total / ..._predictions_total`) and the mean absolute error in
   tokens (`..._prediction_error_tokens_sum / _count`).
-- `summarize`: one router on one workload -> the row of the results table.
-- `with_engine_load(row, engine_hit_rate, engine_requests)`: a real-vLLM row (bench.lib.vllm_backend)
-  with the engines' own hit rate beside the usage-based one, and, when no response named the replica
+- `summarize`: one router on one workload -> the row of the results table, with the TTFT's mean
+  (`ttft_ms_mean`), which the engines' own mean is compared with.
+- `gateway_figures(log)`: from an Envoy setup's access log (bench.lib.routers.ACCESS_LOG_FORMAT),
+  the mean, p50 and p99 of Envoy's time from a request's first byte to its upstream request: what
+  the gateway and its picker add before an engine sees the request.
+- `with_engine_load(row, engine_hit_rate, engine_requests, **engine_means)`: a real-vLLM row
+  (bench.lib.vllm_backend) with the engines' own hit rate beside the usage-based one (and their
+  mean TTFT and queue time), and, when no response named the replica
   that served it (`requests_per_replica` empty but for idle replicas), the load-balance columns from the
   engines' finished-request counters instead.
 
@@ -166,6 +171,7 @@ def summarize(results: Sequence[RequestResult], wall_s: float, replicas: Sequenc
         "hit_rate": round(hit_rate(results), 4),
         "prefill_work_s": round(prefill_work_s(results), 1),
         "ttft_ms": {"p50": _ms(ttft, 50), "p90": _ms(ttft, 90), "p99": _ms(ttft, 99)},
+        "ttft_ms_mean": round(1000 * sum(ttft) / len(ttft), 1) if ttft else math.nan,
         "e2e_ms": {"p50": _ms(e2e, 50), "p99": _ms(e2e, 99)},
         "output_tokens_per_s": round(sum(r.completion_tokens for r in ok) / wall_s, 1) if wall_s > 0 else 0.0,
         "requests_per_replica": load.counts,
@@ -184,9 +190,19 @@ def summarize(results: Sequence[RequestResult], wall_s: float, replicas: Sequenc
     return row
 
 
-def with_engine_load(row: dict[str, Any], engine_hit_rate: float, engine_requests: dict[str, int]) -> dict[str, Any]:
+def gateway_figures(log: str) -> dict[str, float]:
+    """{mean, p50, p99} in ms of the first field (microseconds) of each access-log line; {} for none."""
+    us = [float(line.split()[0]) for line in log.splitlines() if line[:1].isdigit()]
+    if not us:
+        return {}
+    return {"mean": round(sum(us) / len(us) / 1000, 2), "p50": round(percentile(us, 50) / 1000, 2),
+            "p99": round(percentile(us, 99) / 1000, 2)}
+
+
+def with_engine_load(row: dict[str, Any], engine_hit_rate: float, engine_requests: dict[str, int],
+                     **engine_means: float) -> dict[str, Any]:
     """`row` plus the engines' own figures (module docstring); the row itself is not changed."""
-    out = {**row, "engine_hit_rate": engine_hit_rate, "engine_requests": dict(engine_requests)}
+    out = {**row, "engine_hit_rate": engine_hit_rate, "engine_requests": dict(engine_requests), **engine_means}
     if not any(row["requests_per_replica"].values()):
         load = ReplicaLoad(dict(engine_requests))
         out |= {"requests_per_replica": load.counts, "replica_max": load.max, "replica_mean": round(load.mean, 2),

@@ -4,6 +4,8 @@
   row holds the means, and the figures that vary from run to run (hit rate, TTFT, e2e, load
   balance, decision latency) carry their min-max range: `1,914 (1,850-2,010)`.
 - `accuracy_table`: the prefix-epp setups' closed-loop prediction of cached tokens.
+- `ttft_split_table`: on real engines, the client's mean TTFT against the engines' own, and the
+  Envoy setups' time to the upstream request.
 - `targets_table`: the goals of `bench.lib.targets.TARGETS`, met or missed (on the means).
 - `clairvoyant_table`: every router's hit rate and TTFT p99 as a fraction of the clairvoyant
   reference's (`bench.lib.targets.relative_to`).
@@ -70,6 +72,27 @@ def results_table(summaries: Rows, oracle: Mapping[str, float],
                 f"| {fmt(r['errors'], 0 if float(r['errors']).is_integer() else 1)} "
                 f"| {decision} | {fmt(r.get('router_cpu_ms_per_request', float('nan')), 2)} |")
     return "\n".join(lines)
+
+
+def ttft_split_table(summaries: Rows) -> str:
+    """Real engines: each router's mean TTFT at the client against the engines' own mean (their
+    TTFT histogram), the difference being what the way there added (gateway, picker or proxy, the
+    engine's HTTP server); and, for the Envoy setups, Envoy's first byte to upstream request.
+    '' without engine figures."""
+    lines = ["| workload | router | TTFT mean (client) | engines' TTFT mean | the way there (client - engines) "
+             "| engines' queue mean | Envoy to upstream mean / p50 / p99 |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for workload, rows in summaries.items():
+        for router, r in rows.items():
+            engine = r.get("engine_ttft_ms_mean")
+            if engine is None:
+                continue
+            client = r.get("ttft_ms_mean", float("nan"))
+            g = r.get("gateway_ms")
+            gateway = f"{fmt(g['mean'], 1)} / {fmt(g['p50'], 1)} / {fmt(g['p99'], 1)}" if g else "-"
+            lines.append(f"| {workload} | {router} | {fmt(client)} | {fmt(engine)} | {fmt(client - engine)} "
+                         f"| {fmt(r.get('engine_queue_ms_mean', float('nan')), 1)} | {gateway} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def accuracy_table(summaries: Rows) -> str:

@@ -18,8 +18,11 @@ the same probe after one long prompt runs. Every run of the matrix then goes thr
 
 `engine_figures(keys, before, after)`: the engines' hit rate, delta `vllm:prefix_cache_hits_total`
 / delta `vllm:prefix_cache_queries_total` summed over the engines (tokens; NaN without queries),
-and each engine's finished requests (delta `vllm:request_success_total`), which stand for the
-load-balance columns when the responses name no replica (vLLM sets no x-served-by header).
+each engine's finished requests (delta `vllm:request_success_total`), which stand for the
+load-balance columns when the responses name no replica (vLLM sets no x-served-by header), and
+the engines' own mean TTFT and queue time (`vllm:time_to_first_token_seconds` and
+`vllm:request_queue_time_seconds`, delta sum / delta count over both engines): the client's TTFT
+less the engines' is what the router's path (gateway, picker, proxy) added to each request.
 `engine_info()`: what the tables say about the engines (model, vLLM version, cores, cache).
 """
 
@@ -41,6 +44,7 @@ from testkit.vllm_env import pinned
 
 ENGINES = 2
 HITS, QUERIES, SUCCESS = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:request_success_total"
+TTFT, QUEUE = "vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds"
 BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 IDLE_TIMEOUT_S = 120.0
 
@@ -52,10 +56,21 @@ class Counters:
     hits: float
     queries: float
     successes: float
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
+    queue_sum: float = 0.0
+    queue_count: float = 0.0
 
 
 def counters(metrics: bytes) -> Counters:
-    return Counters(metric_total(metrics, HITS), metric_total(metrics, QUERIES), metric_total(metrics, SUCCESS))
+    def total(name: str) -> float:
+        return metric_total(metrics, name)
+    return Counters(total(HITS), total(QUERIES), total(SUCCESS), total(f"{TTFT}_sum"), total(f"{TTFT}_count"),
+                    total(f"{QUEUE}_sum"), total(f"{QUEUE}_count"))
+
+
+def _mean_ms(sums: float, counts: float) -> float:
+    return round(1000 * sums / counts, 2) if counts > 0 else math.nan
 
 
 def busy(metrics: bytes) -> float:
@@ -66,10 +81,14 @@ def busy(metrics: bytes) -> float:
 def engine_figures(keys: Sequence[str], before: Sequence[Counters], after: Sequence[Counters]) -> dict[str, Any]:
     """engine_hit_rate (summed over the engines) and engine_requests (per engine) between two readings."""
     hits = sum(a.hits - b.hits for a, b in zip(after, before, strict=True))
-    queries = sum(a.queries - b.queries for a, b in zip(after, before, strict=True))
+    pairs = list(zip(after, before, strict=True))
+    queries = sum(a.queries - b.queries for a, b in pairs)
     return {"engine_hit_rate": round(hits / queries, 4) if queries > 0 else math.nan,
-            "engine_requests": {k: round(a.successes - b.successes)
-                                for k, a, b in zip(keys, after, before, strict=True)}}
+            "engine_requests": {k: round(a.successes - b.successes) for k, (a, b) in zip(keys, pairs, strict=True)},
+            "engine_ttft_ms_mean": _mean_ms(sum(a.ttft_sum - b.ttft_sum for a, b in pairs),
+                                            sum(a.ttft_count - b.ttft_count for a, b in pairs)),
+            "engine_queue_ms_mean": _mean_ms(sum(a.queue_sum - b.queue_sum for a, b in pairs),
+                                             sum(a.queue_count - b.queue_count for a, b in pairs))}
 
 
 def engine_info() -> dict[str, Any]:

@@ -20,8 +20,8 @@ from bench.lib.oracle import OracleResult
 from bench.lib.report import write_results
 from bench.lib.routers import SimSettings
 from bench.lib.runner import Outcome, RouterSpec
-from bench.lib.stats import with_engine_load
-from bench.lib.tables import results_table
+from bench.lib.stats import gateway_figures, with_engine_load
+from bench.lib.tables import results_table, ttft_split_table
 from bench.lib.vllm_backend import Counters, busy, counters, engine_figures, engine_info
 from bench.lib.workloads import build
 
@@ -34,13 +34,18 @@ vllm:prefix_cache_hits_total{engine="0",model_name="sim-model"} 3200.0
 vllm:request_success_total{engine="0",finished_reason="stop",model_name="sim-model"} 3.0
 vllm:request_success_total{engine="0",finished_reason="length",model_name="sim-model"} 40.0
 vllm:request_success_total{engine="0",finished_reason="abort",model_name="sim-model"} 0.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="sim-model"} 4.3
+vllm:time_to_first_token_seconds_count{engine="0",model_name="sim-model"} 43.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="sim-model"} 0.43
+vllm:request_queue_time_seconds_count{engine="0",model_name="sim-model"} 43.0
 vllm:num_requests_running{engine="0",model_name="sim-model"} 2.0
 vllm:num_requests_waiting{engine="0",model_name="sim-model"} 1.0
 """
 
 
 def test_counters_sum_every_label_set_of_the_engines_metrics() -> None:
-    assert counters(METRICS) == Counters(hits=3200.0, queries=5000.0, successes=43.0)
+    assert counters(METRICS) == Counters(hits=3200.0, queries=5000.0, successes=43.0, ttft_sum=4.3, ttft_count=43.0,
+                                         queue_sum=0.43, queue_count=43.0)
     assert busy(METRICS) == 3.0
 
 
@@ -52,6 +57,22 @@ def test_engine_hit_rate_is_summed_hits_over_summed_queries_between_readings() -
     assert figures["engine_hit_rate"] == 0.26
     assert figures["engine_requests"] == {"a:1": 20, "b:2": 35}
     assert math.isnan(engine_figures(["a:1"], [Counters(1, 2, 3)], [Counters(1, 2, 3)])["engine_hit_rate"])
+
+
+def test_engine_ttft_and_queue_means_are_summed_sums_over_summed_counts_between_readings() -> None:
+    before = [Counters(0, 0, 0, ttft_sum=1.0, ttft_count=10, queue_sum=0.1, queue_count=10), Counters(0, 0, 0)]
+    after = [Counters(0, 0, 0, ttft_sum=2.0, ttft_count=20, queue_sum=0.2, queue_count=20),
+             Counters(0, 0, 0, ttft_sum=3.0, ttft_count=10, queue_sum=0.0, queue_count=10)]
+    figures = engine_figures(["a:1", "b:2"], before, after)
+    # (1 s + 3 s) / 20 requests; (0.1 s + 0) / 20.
+    assert figures["engine_ttft_ms_mean"] == 200.0 and figures["engine_queue_ms_mean"] == 5.0
+    assert math.isnan(engine_figures(["a:1"], [Counters(1, 2, 3)], [Counters(1, 2, 3)])["engine_ttft_ms_mean"])
+
+
+def test_gateway_figures_read_the_access_logs_first_field_in_microseconds() -> None:
+    log = "\n".join(f"{us} 900" for us in (1000, 2000, 3000, 4000, 100000)) + "\n- -\n"
+    assert gateway_figures(log) == {"mean": 22.0, "p50": 3.0, "p99": 100.0}
+    assert gateway_figures("") == {}
 
 
 def _row(per_replica: dict[str, int]) -> dict[str, object]:
@@ -88,6 +109,18 @@ def test_the_engine_hit_rate_column_appears_only_for_real_engines() -> None:
     assert header.split(" | ")[2:4] == ["hit rate", "engine hit rate"]
     assert header.count("|") == rule.count("|") == oracle.count("|") == row.count("|")
     assert row.split(" | ")[2:4] == ["50.0%", "55.0%"]
+
+
+def test_the_ttft_split_shows_the_way_there_as_client_less_engine_mean() -> None:
+    assert ttft_split_table({"shared-prefix": {"random": _summary(0.5, None)}}) == ""
+    envoy = {**_summary(0.5, 0.5), "ttft_ms_mean": 130.0, "engine_ttft_ms_mean": 100.0, "engine_queue_ms_mean": 4.0,
+             "gateway_ms": {"mean": 12.5, "p50": 3.0, "p99": 150.0}}
+    proxy = {**_summary(0.5, 0.5), "ttft_ms_mean": 110.0, "engine_ttft_ms_mean": 95.0, "engine_queue_ms_mean": 2.0}
+    header, rule, first, second = ttft_split_table({"shared-prefix": {"prefix-epp": envoy, "sglang-router": proxy}}
+                                                   ).splitlines()
+    assert header.count("|") == rule.count("|") == first.count("|") == second.count("|")
+    assert first.split(" | ")[1:] == ["prefix-epp", "130", "100", "30", "4.0", "12.5 / 3.0 / 150.0 |"]
+    assert second.split(" | ")[1:] == ["sglang-router", "110", "95", "15", "2.0", "- |"]
 
 
 def test_results_say_they_ran_on_real_vllm(tmp_path: Path) -> None:
