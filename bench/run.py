@@ -77,7 +77,7 @@ from bench.lib.profiles import PROFILES, SimProfile, smaller_replicas
 from bench.lib.profiles import settings as profile_settings
 from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetition_name, runs_dir, write_results
 from bench.lib.routers import PICKER_TRANSPORT, ROUTERS, SimSettings, go_epp_available
-from bench.lib.runner import RouterSpec, run_retrying, sim_settings
+from bench.lib.runner import REALTIME, RouterSpec, run_retrying, sim_settings
 from bench.lib.tables import fmt
 from bench.lib.vllm_workloads import VLLM_WORKLOADS, build_vllm
 from bench.lib.workloads import WORKLOADS, Workload, build
@@ -190,6 +190,8 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             log(f"llm-d not run: {why}")
         else:
             config["llmd_build"] = llmd.build_info()
+    if any(r.realtime for r in routers):
+        config["routers_realtime"] = " ".join(REALTIME)
     # Like for like between pickers: ext_proc TLS and KV events, which the table states.
     config["pickers"] = {r.label: {"tls": PICKER_TRANSPORT[r.name][0], "kv_events": PICKER_TRANSPORT[r.name][1]}
                          for r in routers if r.name in PICKER_TRANSPORT}
@@ -280,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--closed-loop", action="store_true",
                    help="prefix-epp setups read every response's usage (--usage-sample-rate 1): prediction "
                         "accuracy on every request, at a picker round trip per streamed chunk")
+    p.add_argument("--routers-realtime", action="store_true",
+                   help="every router's processes (Envoy, the picker, sglang-router) run SCHED_FIFO: on cores the "
+                        "engines keep busy no router waits for one, as beside GPU engines (needs root)")
     p.add_argument("--repeat", type=int, default=1, help="run the whole matrix this many times (same workloads)")
     p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS)
     p.add_argument("--replica-cost", type=float, default=1.0,
@@ -308,8 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--replica-cost applies to simulated replicas of one speed (not vllm, sim-vllm or heterogeneous)")
     if vllm and set(workloads) - set(VLLM_WORKLOADS):
         p.error(f"--backend vllm has vLLM-sized workloads for {', '.join(VLLM_WORKLOADS)} only")
-    routers = [RouterSpec(r, closed_loop=args.closed_loop) for r in chosen]
-    routers += [RouterSpec("prefix-epp", tuple(shlex.split(v)), args.closed_loop) for v in args.picker_variant]
+    routers = [RouterSpec(r, closed_loop=args.closed_loop, realtime=args.routers_realtime) for r in chosen]
+    routers += [RouterSpec("prefix-epp", tuple(shlex.split(v)), args.closed_loop, args.routers_realtime)
+                for v in args.picker_variant]
     name = args.name or (f"bench-{args.backend}" if vllm else "bench-quick" if args.quick else "bench")
     if args.sim_profile != "default" and not args.name:
         name = f"{name}-{args.sim_profile}"

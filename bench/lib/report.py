@@ -72,6 +72,9 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     if build:
         md += [f"llm-d router: {build.get('version', '?')} (commit {build.get('commit', '?')[:8]}), "
                f"`{build.get('command', build.get('binary', ''))}`, {build.get('go', '')}."]
+    if config.get("routers_realtime"):
+        md += ["", f"Routers realtime: every router's processes (Envoy, the picker, sglang-router) ran SCHED_FIFO "
+                   f"(`{config['routers_realtime']} PID`), so none waited for a core the engines held."]
     pickers = config.get("pickers", {})
     if pickers:
         md += ["", "Pickers, like for like: " + "; ".join(

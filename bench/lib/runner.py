@@ -12,6 +12,8 @@
    or the router process; not the replicas or the API server), and, for the setups that run
    Envoy, `gateway_ms`: Envoy's time from a request's first byte to its upstream request, from
    the access log (`bench.lib.stats.gateway_figures`).
+With `RouterSpec.realtime` (`--routers-realtime`) the router's processes run SCHED_FIFO
+(`realtime`): the engines' busy cores then delay no router wakeup.
 A process of the setup that dies during the run raises `SetupDied`; `run_retrying` then starts
 over from scratch (`attempts`, 2). `sim_settings` sizes the replicas' KV cache from the oracle's
 working set (`bench.lib.workloads.kv_cache_blocks`). `RouterSpec` names a setup of
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import subprocess
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -42,6 +45,7 @@ from bench.lib.routers import KV_EVENT_ROUTERS, PUBLISHING_ROUTERS, SimSettings,
 from bench.lib.stats import gateway_figures, summarize, with_engine_load
 from bench.lib.vllm_backend import VllmBackend
 from bench.lib.workloads import Workload, kv_cache_blocks
+from testkit.procs import Proc
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_policy ROUND_ROBIN",
@@ -67,6 +71,7 @@ class RouterSpec:
     name: str
     picker_args: tuple[str, ...] = ()
     closed_loop: bool = False  # sample every response's usage: the closed-loop accuracy of every request
+    realtime: bool = False  # the router's processes run SCHED_FIFO (`realtime`): never waiting for a core
 
     @property
     def label(self) -> str:
@@ -88,6 +93,21 @@ def sim_settings(oracle: OracleResult, replicas: int, time_scale: float,
     sizing = (workload.pool_factor, workload.running_headroom) if workload else ()
     blocks = kv_cache_blocks(oracle.working_set_blocks, oracle.largest_request_blocks, replicas, *sizing)
     return SimSettings(replicas=replicas, kv_cache_blocks=blocks, time_scale=time_scale)
+
+
+REALTIME = ("chrt", "--all-tasks", "--fifo", "--pid", "10")
+
+
+def realtime(procs: Sequence[Proc]) -> None:
+    """Every thread of each process to SCHED_FIFO priority 10 (threads it starts later inherit it).
+
+    On a machine whose cores the engines keep busy, a router process that sleeps between requests
+    waits for a core at every wakeup (tens to hundreds of ms when both cores are taken), and a
+    setup of two processes (Envoy and a picker) wakes more often per request than one proxy. A
+    router deployed beside GPU engines has CPU to itself; this puts every setup there alike.
+    """
+    for proc in procs:
+        subprocess.run([*REALTIME, str(proc.pid)], check=True, capture_output=True)
 
 
 def _last_lines(path: Path | None, n: int) -> str:
@@ -150,6 +170,8 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     with replicas as pool:
         say(f"[{router.label}] starting the router ({ROUTER_PARTS.get(router.name, router.name)})")
         with start(router.name, tmp, pool.addresses, picker_args, pool.kv_events, pool.front) as handle:
+            if router.realtime:
+                realtime(handle.procs)
             asyncio.run(client.probe(handle.url, sampling=dict(workload.sessions[0].sampling)))
             say(f"[{router.label}] sending {workload.requests} requests over ~{workload.duration_s:.0f} s")
             mark = backend.mark() if backend else []
