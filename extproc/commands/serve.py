@@ -87,10 +87,11 @@ def validate(config: EppConfig) -> None:
 
 async def serve(config: EppConfig) -> None:
     """Run until SIGTERM/SIGINT, then drain (extproc/transport/streams.py); a second signal cuts the drain short."""
-    from extproc.runtime.app import App
+    from extproc.runtime.app import App, freeze_startup_heap
     from extproc.runtime.workers import WorkerRole, worker_role
 
     app = App(config, role=worker_role() or WorkerRole())
+    freeze_startup_heap()
     stop, hurry = asyncio.Event(), asyncio.Event()
 
     def signalled() -> None:

@@ -11,11 +11,17 @@ What runs where: everything runs on one asyncio event loop (the gRPC servers, th
 loops, /metrics collection), so the datastore and indexes need no locks. Only the Kubernetes
 watches read their HTTP streams on threads and hand events to the loop (extproc/discovery/).
 Background loops run supervised (extproc/core/background.py): a crash is logged and the loop restarts.
+
+`freeze_startup_heap` (called by `prefix-epp serve` once the App is built, before it starts)
+collects once and moves everything start-up built (the imported modules, the components) into the
+collector's permanent generation: it lives as long as the process, and a full collection no longer
+walks it on the request path (unfrozen, ~59k objects: each gen-2 pass held the loop 12-21 ms).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,6 +59,13 @@ if TYPE_CHECKING:
     from extproc.sync.manager import PeerSync
 
 log = logging.getLogger("prefix_epp")
+
+
+def freeze_startup_heap() -> int:
+    """Collect, then exempt every object alive now from later collections; returns how many."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 @dataclass
