@@ -91,9 +91,8 @@ class Router:
 
 
 # Per request, in microseconds: Envoy's time from the request's first byte to the upstream request's
-# first byte (the whole ext_proc exchange and the pick, for setups with a picker), then the
-# upstream's time to its first response byte.
-ACCESS_LOG_FORMAT = "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)% %COMMON_DURATION(US_TX_END:US_RX_BEG:us)%\n"
+# first byte (the whole ext_proc exchange and the pick, for setups with a picker).
+ACCESS_LOG_FORMAT = "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)%\n"
 
 
 @dataclass(frozen=True)
@@ -156,14 +155,16 @@ def sim_replicas(tmp: Path, sim: SimSettings) -> Iterator[Pool]:
 
 
 @contextlib.contextmanager
-def _envoy(tmp: Path, name: str, config: dict[str, Any], listen: int) -> Iterator[Proc]:
+def _envoy(tmp: Path, name: str, config: dict[str, Any], listen: int) -> Iterator[tuple[Proc, Path]]:
+    """Envoy running `config`, with its access log (`with_access_log`): (the process, the log)."""
     path = tmp / f"{name}.yaml"
-    with_access_log(config, tmp / f"{name}.access.log")
+    access_log = tmp / f"{name}.access.log"
+    with_access_log(config, access_log)
     path.write_text(render(config))
     args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning",
             "--base-id", str(listen)]
     with running(args, tmp / f"{name}.log", wait_port=listen) as proc:
-        yield proc
+        yield proc, access_log
 
 
 def with_access_log(config: dict[str, Any], path: Path) -> None:
@@ -183,8 +184,8 @@ def envoy_lb(tmp: Path, name: str, backends: Sequence[str]) -> Iterator[Router]:
     config = plain_envoy_config(listen, admin, list(backends))
     for cluster in config["static_resources"]["clusters"]:
         cluster["lb_policy"] = ENVOY_POLICIES[name]
-    with _envoy(tmp, f"envoy-{name}", config, listen) as envoy:
-        yield Router(name, f"http://127.0.0.1:{listen}", (envoy,), access_log=tmp / f"envoy-{name}.access.log")
+    with _envoy(tmp, f"envoy-{name}", config, listen) as (envoy, access_log):
+        yield Router(name, f"http://127.0.0.1:{listen}", (envoy,), access_log=access_log)
 
 
 @contextlib.contextmanager
@@ -199,9 +200,9 @@ def prefix_epp_router(tmp: Path, backends: Sequence[str], picker_args: Sequence[
     with running(args, tmp / "picker.log", wait_port=grpc_port) as picker:
         wait_for_port(metrics_port)
         config = build_config(listen, f"127.0.0.1:{grpc_port}", admin, epp_tls=False, endpoints=tuple(backends))
-        with _envoy(tmp, "envoy-prefix-epp", config, listen) as envoy:
+        with _envoy(tmp, "envoy-prefix-epp", config, listen) as (envoy, access_log):
             yield Router(name, f"http://127.0.0.1:{listen}", (picker, envoy), f"http://127.0.0.1:{metrics_port}/metrics",
-                         tmp / "envoy-prefix-epp.access.log")
+                         access_log)
 
 
 @contextlib.contextmanager
@@ -210,9 +211,8 @@ def go_epp_router(tmp: Path, backends: Sequence[str]) -> Iterator[Router]:
     # Plaintext ext_proc, as the prefix-epp and llm-d setups run (PICKER_TRANSPORT).
     with go_epp.go_epp(tmp, backends, ("--secure-serving=false",)) as (picker, grpc_port, metrics_url, _kube):
         config = go_epp.envoy_config(listen, grpc_port, admin, backends, tls=False)
-        with _envoy(tmp, "envoy-go-epp", config, listen) as envoy:
-            yield Router("go-epp", f"http://127.0.0.1:{listen}", (picker, envoy), metrics_url,
-                         tmp / "envoy-go-epp.access.log")
+        with _envoy(tmp, "envoy-go-epp", config, listen) as (envoy, access_log):
+            yield Router("go-epp", f"http://127.0.0.1:{listen}", (picker, envoy), metrics_url, access_log)
 
 
 @contextlib.contextmanager
@@ -228,9 +228,8 @@ def llmd_router(name: str, tmp: Path, backends: Sequence[str], kv_events: Sequen
     listen, admin = free_ports(2)
     with llmd.llmd_epp(tmp, backends, config) as (picker, grpc_port, metrics_url, _kube):
         envoy = go_epp.envoy_config(listen, grpc_port, admin, backends, tls=False)
-        with _envoy(tmp, f"envoy-{name}", envoy, listen) as proxy:
-            yield Router(name, f"http://127.0.0.1:{listen}", (picker, proxy), metrics_url,
-                         tmp / f"envoy-{name}.access.log")
+        with _envoy(tmp, f"envoy-{name}", envoy, listen) as (proxy, access_log):
+            yield Router(name, f"http://127.0.0.1:{listen}", (picker, proxy), metrics_url, access_log)
 
 
 def go_epp_available() -> str:

@@ -198,9 +198,7 @@ def run_one(tmp: Path, workload: Workload, router: RouterSpec, sim: SimSettings,
     if gateway:
         summary["gateway_ms"] = gateway
     if engine:
-        summary = with_engine_load(summary, engine["engine_hit_rate"], engine["engine_requests"],
-                                   engine_ttft_ms_mean=engine["engine_ttft_ms_mean"],
-                                   engine_queue_ms_mean=engine["engine_queue_ms_mean"])
+        summary = with_engine_load(summary, **engine)
     summary["cpu_busy"] = round((busy1 - busy0) / (total1 - total0), 3) if total1 > total0 else None
     # The router's own processes (picker + Envoy, or the router), not the replicas or the API server.
     summary["router_cpu_s"] = round(cpu1 - cpu0, 2)

@@ -79,16 +79,19 @@ def busy(metrics: bytes) -> float:
 
 
 def engine_figures(keys: Sequence[str], before: Sequence[Counters], after: Sequence[Counters]) -> dict[str, Any]:
-    """engine_hit_rate (summed over the engines) and engine_requests (per engine) between two readings."""
-    hits = sum(a.hits - b.hits for a, b in zip(after, before, strict=True))
+    """engine_hit_rate and the mean TTFT and queue time (summed over the engines) and engine_requests
+    (per engine) between two readings."""
     pairs = list(zip(after, before, strict=True))
-    queries = sum(a.queries - b.queries for a, b in pairs)
-    return {"engine_hit_rate": round(hits / queries, 4) if queries > 0 else math.nan,
+
+    def delta(counter: str) -> float:
+        """`counter`'s increase, summed over the engines."""
+        return float(sum(getattr(a, counter) - getattr(b, counter) for a, b in pairs))
+
+    queries = delta("queries")
+    return {"engine_hit_rate": round(delta("hits") / queries, 4) if queries > 0 else math.nan,
             "engine_requests": {k: round(a.successes - b.successes) for k, (a, b) in zip(keys, pairs, strict=True)},
-            "engine_ttft_ms_mean": _mean_ms(sum(a.ttft_sum - b.ttft_sum for a, b in pairs),
-                                            sum(a.ttft_count - b.ttft_count for a, b in pairs)),
-            "engine_queue_ms_mean": _mean_ms(sum(a.queue_sum - b.queue_sum for a, b in pairs),
-                                             sum(a.queue_count - b.queue_count for a, b in pairs))}
+            "engine_ttft_ms_mean": _mean_ms(delta("ttft_sum"), delta("ttft_count")),
+            "engine_queue_ms_mean": _mean_ms(delta("queue_sum"), delta("queue_count"))}
 
 
 def engine_info() -> dict[str, Any]:

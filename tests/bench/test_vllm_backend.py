@@ -70,7 +70,7 @@ def test_engine_ttft_and_queue_means_are_summed_sums_over_summed_counts_between_
 
 
 def test_gateway_figures_read_the_access_logs_first_field_in_microseconds() -> None:
-    log = "\n".join(f"{us} 900" for us in (1000, 2000, 3000, 4000, 100000)) + "\n- -\n"
+    log = "\n".join(f"{us}" for us in (1000, 2000, 3000, 4000, 100000)) + "\n-\n"
     assert gateway_figures(log) == {"mean": 22.0, "p50": 3.0, "p99": 100.0}
     assert gateway_figures("") == {}
 
