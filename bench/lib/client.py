@@ -15,7 +15,9 @@ Every request streams (`stream: true`, `stream_options.include_usage`):
 - end-to-end latency: to the end of the stream;
 - prompt, cached (`usage.prompt_tokens_details.cached_tokens`) and completion tokens: from the
   final usage chunk;
-- the replica that answered: the `x-served-by` response header (Envoy and sglang-router pass it).
+- the replica that answered: the `x-served-by` response header (Envoy and sglang-router pass it);
+- the picker's explanation of its choice, where it was asked for (`--explain-decisions`: the
+  `x-prefix-epp-decision` response header), kept in each request's raw record.
 Times are in model seconds: wall seconds x `time_scale` (1 when the replicas run in real time).
 A request fails (`ok` false) on a non-200 status, a transport error, or a stream without usage.
 """
@@ -32,6 +34,7 @@ import aiohttp
 import orjson
 
 from bench.lib.workloads import Session, Workload, body
+from extproc.transport.processor import EXPLAIN_HEADER as DECISION_HEADER
 
 REQUEST_TIMEOUT_S = 600.0
 
@@ -52,6 +55,7 @@ class RequestResult:
     served_by: str = ""
     error: str = ""
     gateway: int = 0  # which of run()'s base URLs it was sent to
+    decision: str = ""  # the picker's explanation, where it was asked for (--explain-decisions)
 
     @property
     def ok(self) -> bool:
@@ -86,6 +90,7 @@ async def send(session: aiohttp.ClientSession, url: str, payload: dict[str, obje
                                 headers={"content-type": "application/json"}) as resp:
             result.status = resp.status
             result.served_by = resp.headers.get("x-served-by", "")
+            result.decision = resp.headers.get(DECISION_HEADER, "")
             if resp.status != 200:
                 result.error = (await resp.text())[:200]
                 return ""

@@ -16,11 +16,11 @@ USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_token
 
 
 async def _serve(chunks: list[bytes], path: str = "/v1/completions",
-                 seen: list[str] | None = None) -> tuple[web.AppRunner, str]:
+                 seen: list[str] | None = None, headers: dict[str, str] | None = None) -> tuple[web.AppRunner, str]:
     async def handle(request: web.Request) -> web.StreamResponse:
         if seen is not None:
             seen.append(request.path)
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream", **(headers or {})})
         await resp.prepare(request)
         for chunk in chunks:
             await asyncio.sleep(0.05)
@@ -37,8 +37,8 @@ async def _serve(chunks: list[bytes], path: str = "/v1/completions",
     return runner, f"http://127.0.0.1:{port}" + ("/v1/completions" if path == "/v1/completions" else "")
 
 
-async def _ttft(chunks: list[bytes]) -> RequestResult:
-    runner, url = await _serve(chunks)
+async def _ttft(chunks: list[bytes], headers: dict[str, str] | None = None) -> RequestResult:
+    runner, url = await _serve(chunks, headers=headers)
     try:
         result = RequestResult(0, 0, "t", 0.0, 0.0)
         async with aiohttp.ClientSession() as session:
@@ -57,6 +57,15 @@ async def test_a_stream_without_text_times_its_first_choice_chunk() -> None:
     r = await _ttft([b'data: {"choices": [{"text": ""}]}\n\n', b'data: {"choices": [{"text": ""}]}\n\n', USAGE])
     assert r.ok and r.ttft_s is not None and 0.04 <= r.ttft_s < 0.09
     assert r.prompt_tokens == 40 and r.completion_tokens == 3
+
+
+async def test_the_pickers_explanation_is_kept_with_the_request() -> None:
+    """With --explain-decisions the picker answers why it chose the endpoint; the raw records keep it."""
+    chunk = b'data: {"choices": [{"text": "hi"}]}\n\n'
+    why = "endpoint=10.0.0.1:8000; matched=3/4; predicted_ttft_ms=10.0.0.1:8000:12.0"
+    r = await _ttft([chunk, USAGE], {"x-served-by": "10.0.0.1:8000", "x-prefix-epp-decision": why})
+    assert r.ok and r.served_by == "10.0.0.1:8000" and r.decision == why
+    assert (await _ttft([chunk, USAGE])).decision == ""  # not asked for: nothing kept
 
 
 async def test_several_gateways_take_a_conversations_turns_in_turn() -> None:
