@@ -11,8 +11,10 @@ order, one run (`bench.lib.runner.run_one`): fresh simulated replicas (cold cach
 real time unless `--time-scale`) with the workload's KV-cache size, the router in front of them,
 the workload replayed open loop, the same seeded sequence for every router, then everything
 stopped and summarised (`bench.lib.stats`). The oracle bound (`bench.lib.oracle`) is computed once
-per workload and draw. `bench.lib.aggregate` folds the repetitions into mean and min-max per
-(workload, router); the targets (`bench.lib.targets`) are checked on the means.
+per workload and draw; the finite-cache bound (`bench.lib.cache_bound`, the summary's `hit_bound`)
+once per run, over the requests in the order that run sent them. `bench.lib.aggregate` folds the
+repetitions into mean and min-max per (workload, router); the targets (`bench.lib.targets`) are
+checked on the means.
 
 Writes to --out-dir (bench/results; `bench.lib.report`): {name}.json (config, oracle, the means as
 `results`, their `spread`, every repetition's summaries, targets), {name}.md (the tables,
@@ -71,8 +73,9 @@ from typing import Any
 
 from bench.lib import llmd, sim_vllm, vllm_backend
 from bench.lib.aggregate import aggregate
+from bench.lib.cache_bound import BlockTrace, run_bound
 from bench.lib.go_epp import build_info as go_epp_build_info
-from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, vllm_oracle, workload_oracle
+from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, traced_oracle, vllm_answer, vllm_tokens
 from bench.lib.profiles import PROFILES, SimProfile, smaller_replicas
 from bench.lib.profiles import settings as profile_settings
 from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetition_name, runs_dir, write_results
@@ -119,6 +122,7 @@ class Draw:
     workloads: dict[str, Workload]
     oracle: dict[str, OracleResult]
     sims: dict[str, SimSettings]
+    traces: dict[str, dict[tuple[int, int], BlockTrace]]  # each request's blocks (the finite-cache bound)
 
     @classmethod
     def of(cls, names: Sequence[str], seed: int, *, quick: bool, load: float, replicas: int,
@@ -127,10 +131,11 @@ class Draw:
         if backend in ("vllm", "sim-vllm"):
             return cls.vllm(names, seed, quick=quick, load=load, simulated=backend == "sim-vllm")
         workloads = {w: build(w, quick=quick, seed=seed, load=load, max_tokens=profile.max_tokens) for w in names}
-        oracle = {w: workload_oracle(wl) for w, wl in workloads.items()}
+        traced = {w: traced_oracle(wl) for w, wl in workloads.items()}
+        oracle = {w: o for w, (o, _) in traced.items()}
         sims = {w: smaller_replicas(profile_settings(profile, sim_settings(oracle[w], replicas, time_scale, wl)),
                                     replica_cost) for w, wl in workloads.items()}
-        return cls(workloads, oracle, sims)
+        return cls(workloads, oracle, sims, {w: t for w, (_, t) in traced.items()})
 
     @classmethod
     def vllm(cls, names: Sequence[str], seed: int, *, quick: bool, load: float, simulated: bool = False) -> Draw:
@@ -139,10 +144,12 @@ class Draw:
         tokenizer_json = ensure().tokenizer_json
         tokenizer = HFTokenizer(str(tokenizer_json))
         workloads = {w: build_vllm(w, quick=quick, seed=seed, load=load) for w in names}
-        oracle = {w: vllm_oracle(wl, tokenizer) for w, wl in workloads.items()}
+        traced = {w: traced_oracle(wl, VLLM_BLOCK_SIZE, vllm_tokens(tokenizer), vllm_answer)
+                  for w, wl in workloads.items()}
         engines = (sim_vllm.settings(tokenizer_json, sim_vllm.load_profile()) if simulated else
                    SimSettings(replicas=vllm_backend.ENGINES, kv_cache_blocks=NUM_BLOCKS, block_size=VLLM_BLOCK_SIZE))
-        return cls(workloads, oracle, dict.fromkeys(workloads, engines))
+        return cls(workloads, {w: o for w, (o, _) in traced.items()}, dict.fromkeys(workloads, engines),
+                   {w: t for w, (_, t) in traced.items()})
 
 
 def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: bool, replicas: int, load: float,
@@ -225,7 +232,8 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
             rep: Summaries = {}
             rep_ttfts: dict[str, dict[str, list[float]]] = {}
             rep_name = repetition_name(name, k)
-            built, sims = draws[seeds[k - 1]].workloads, draws[seeds[k - 1]].sims
+            draw = draws[seeds[k - 1]]
+            built, sims = draw.workloads, draw.sims
             for wname, workload in built.items():
                 for router in routers:
                     done += 1
@@ -244,6 +252,8 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
                         log(f"  {router.label} not run from here on: {why}")
                         continue
                     s = outcome.summary
+                    room = sims[wname].replicas * sims[wname].kv_cache_blocks
+                    s["hit_bound"] = round(run_bound(outcome.run.requests, draw.traces[wname], room).hit_rate, 4)
                     rep.setdefault(wname, {})[router.label] = s
                     samples = [r.ttft_s * 1000 for r in outcome.run.requests if r.ok and r.ttft_s is not None]
                     rep_ttfts.setdefault(wname, {})[router.label] = samples

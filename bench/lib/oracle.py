@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from bench.lib.cache_bound import BlockTrace
 from bench.lib.workloads import MODEL, Workload, body
 from extproc.request.openai import Api, parse_request
 from extproc.tokenization.builtin import encode, render_chat
@@ -105,6 +106,11 @@ def sim_answer(max_tokens: int) -> tuple[str, list[int]]:
     return output_text(0, max_tokens), output_token_ids(max_tokens)
 
 
+def request_keys(workload: Workload) -> list[tuple[int, int]]:
+    """(session id, turn) of each request, in the order `workload_requests` lists them."""
+    return [(s.id, turn) for s in sorted(workload.sessions, key=lambda s: (s.start_s, s.id)) for turn in range(s.turns)]
+
+
 def workload_requests(workload: Workload, tokens: Tokens = prompt_tokens,
                       answer: Answer = sim_answer) -> list[tuple[list[int], list[int]]]:
     out: list[tuple[list[int], list[int]]] = []
@@ -118,6 +124,16 @@ def workload_requests(workload: Workload, tokens: Tokens = prompt_tokens,
 
 def workload_oracle(workload: Workload, block_size: int = BLOCK_SIZE) -> OracleResult:
     return oracle(workload_requests(workload), block_size, block_hash_seed(MODEL))
+
+
+def traced_oracle(workload: Workload, block_size: int = BLOCK_SIZE, tokens: Tokens = prompt_tokens,
+                  answer: Answer = sim_answer) -> tuple[OracleResult, dict[tuple[int, int], BlockTrace]]:
+    """The oracle, and each request's blocks by (session id, turn) for `bench.lib.cache_bound`,
+    from one tokenization."""
+    requests, seed = workload_requests(workload, tokens, answer), block_hash_seed(MODEL)
+    traces = {key: BlockTrace.of(p, o, block_size, seed) for key, (p, o) in zip(request_keys(workload), requests,
+                                                                                 strict=True)}
+    return oracle(requests, block_size, seed), traces
 
 
 def vllm_tokens(tokenizer: HFTokenizer) -> Tokens:

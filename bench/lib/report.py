@@ -25,7 +25,14 @@ from typing import Any
 from bench.lib import plots
 from bench.lib.aggregate import aggregate
 from bench.lib.oracle import OracleResult
-from bench.lib.tables import accuracy_table, clairvoyant_table, results_table, targets_table, ttft_split_table
+from bench.lib.tables import (
+    accuracy_table,
+    bound_table,
+    clairvoyant_table,
+    results_table,
+    targets_table,
+    ttft_split_table,
+)
 from bench.lib.targets import Target, evaluate_targets
 
 RESULTS = Path("bench/results")
@@ -81,6 +88,10 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
             f"{r}: ext_proc {'TLS' if p['tls'] else 'plaintext'}, KV events {p['kv_events']}"
             for r, p in pickers.items()) + "."]
     md += ["", results_table(means, rates, shown), "", "Targets (on the means):", "", targets_table(targets), ""]
+    bounded = bound_table(means, rates)
+    if bounded:
+        md += ["Against the finite-cache bound (the most hits these sends could get from the replicas' caches "
+               "pooled, offline-optimal eviction: bench/lib/cache_bound.py):", "", bounded, ""]
     relative = clairvoyant_table(means)
     if relative:
         md += ["Relative to the clairvoyant reference (routes on the replicas' true caches and queues):", "",

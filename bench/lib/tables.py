@@ -9,6 +9,8 @@
 - `targets_table`: the goals of `bench.lib.targets.TARGETS`, met or missed (on the means).
 - `clairvoyant_table`: every router's hit rate and TTFT p99 as a fraction of the clairvoyant
   reference's (`bench.lib.targets.relative_to`).
+- `bound_table`: every router's hit rate against the finite-cache bound of its own runs
+  (`bench.lib.cache_bound`).
 """
 
 from __future__ import annotations
@@ -131,4 +133,20 @@ def clairvoyant_table(summaries: Rows) -> str:
         for router, r in rows.items():
             if router != "clairvoyant":
                 lines.append(f"| {workload} | {router} | {_ratio(r['hit_rate'])} | {_ratio(r['ttft_p99'])} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def bound_table(summaries: Rows, oracle: Mapping[str, float]) -> str:
+    """Hit rate against the finite-cache bound of the same sends (`hit_bound`, each run's; means
+    over the repetitions), beside the infinite-cache oracle; '' where no run carries one."""
+    lines = ["| workload | router | hit rate | finite-cache bound | of bound | infinite-cache oracle |",
+             "|---|---|---:|---:|---:|---:|"]
+    for workload, rows in summaries.items():
+        for router, r in rows.items():
+            bound = r.get("hit_bound")
+            if bound is None:
+                continue
+            of = _pct(r["hit_rate"] / bound) if bound else "-"
+            lines.append(f"| {workload} | {router} | {_pct(r['hit_rate'])} | {_pct(bound)} | {of} "
+                         f"| {_pct(oracle.get(workload, 0.0))} |")
     return "\n".join(lines) if len(lines) > 2 else ""

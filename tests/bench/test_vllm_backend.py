@@ -15,6 +15,7 @@ import pytest
 
 from bench import run
 from bench.lib import vllm_backend
+from bench.lib.cache_bound import BlockTrace
 from bench.lib.client import RequestResult, RunResult
 from bench.lib.oracle import OracleResult
 from bench.lib.report import write_results
@@ -163,7 +164,8 @@ def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
 
     wl = build("no-reuse", quick=True)
     draw = run.Draw({"shared-prefix": wl}, {"shared-prefix": OracleResult(100, 50, 10, 5)},
-                    {"shared-prefix": SimSettings(replicas=2, kv_cache_blocks=512, block_size=32)})
+                    {"shared-prefix": SimSettings(replicas=2, kv_cache_blocks=512, block_size=32)},
+                    {"shared-prefix": {(0, 0): BlockTrace(100, 32, (), ())}})
     monkeypatch.setattr(run.Draw, "of", classmethod(lambda cls, *a, **k: draw))
     monkeypatch.setattr(vllm_backend, "started", fake_engines)
     monkeypatch.setattr(run, "run_retrying", fake_run)
