@@ -1,9 +1,10 @@
 """The finite-cache bound: the most prefix-cache hits any router could get with the pool's caches.
 
-The infinite-cache oracle (`bench.lib.oracle`) is out of reach wherever a workload's prefix working
-set exceeds the pool's KV caches (multi-turn on two real vLLM engines: 2,530 blocks against
-1,024); then "x% of the oracle" mixes what the router lost with what no router could keep. This
-bound keeps the caches' size and drops every other constraint:
+The infinite-cache oracle (`bench.lib.oracle`) may be out of reach wherever a workload's prefix
+working set exceeds the pool's KV caches; then "x% of the oracle" would mix what the router lost
+with what no router could keep. This bound keeps the caches' size and drops every other
+constraint (on two real vLLM engines it still equals the oracle on multi-turn, whose reused blocks
+are 2.5x the pool: the blocks live at any one time fit):
 
 - one cache of `capacity` blocks (the replicas' caches pooled: a router that places a request on
   one replica hits at most the blocks the pool holds, and holding a block twice only wastes room);
@@ -23,7 +24,8 @@ fraction of the possible at that cache size. The bound depends on the order of t
 run gets its own (a router that answers faster sends a conversation's next turn earlier).
 
 `BlockTrace.of(prompt, output, block_size, seed)` cuts one request into the blocks it looks up
-(its prompt's full blocks but the last token's, as `bench.lib.oracle`) and the blocks it stores;
+(its prompt's full blocks but the last token's) and the blocks it stores, for this bound and for
+the oracle alike;
 `cache_bound(traces, capacity)` replays them in order; `run_bound(results, traces, capacity)` does
 so for one run's answered requests in the order they were sent (bench.run: capacity = replicas x
 KV-cache blocks each, at the oracle's block size, which is the replicas').

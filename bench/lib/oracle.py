@@ -36,7 +36,7 @@ from bench.lib.workloads import MODEL, Workload, body
 from extproc.request.openai import Api, parse_request
 from extproc.tokenization.builtin import encode, render_chat
 from extproc.tokenization.tokenizer_json import HFTokenizer
-from prefix_epp_sim.kvcache import block_hash_seed, hash_blocks
+from prefix_epp_sim.kvcache import block_hash_seed
 from prefix_epp_sim.output import output_text, output_token_ids
 from prefix_epp_sim.shapes import as_chat
 from testkit.tiny_model import TEXT
@@ -63,27 +63,27 @@ class OracleResult:
 def oracle(requests: Iterable[tuple[Sequence[int], Sequence[int]]], block_size: int = BLOCK_SIZE,
            seed: int = 0) -> OracleResult:
     """Infinite-cache hits of (prompt token ids, generated token ids) pairs, in order."""
+    pairs = list(requests)
+    return _traced(pairs, [BlockTrace.of(p, o, block_size, seed) for p, o in pairs], block_size)
+
+
+def _traced(requests: Sequence[tuple[Sequence[int], Sequence[int]]], traces: Sequence[BlockTrace],
+            block_size: int) -> OracleResult:
+    """The oracle over the requests' blocks (`BlockTrace`: what each looks up and stores)."""
     seen: set[int] = set()
     reused: set[int] = set()
-    prompt_total = cached_total = largest = 0
-    for prompt, output in requests:
-        n = len(prompt)
-        hashes = hash_blocks(prompt, block_size, seed)
+    prompt_total = cached_total = 0
+    for trace in traces:
         hits = 0
-        for h in hashes[:max(0, (n - 1) // block_size)]:
+        for h in trace.looked_up:
             if h not in seen:
                 break
             reused.add(h)
             hits += 1
-        prompt_total += n
+        prompt_total += trace.prompt_tokens
         cached_total += hits * block_size
-        seen.update(hashes)
-        computed = n + len(output) - 1
-        if computed // block_size > len(hashes):
-            tokens = [*prompt, *output]
-            parent = hashes[-1] if hashes else 0
-            seen.update(hash_blocks(tokens[len(hashes) * block_size:computed], block_size, seed, parent))
-        largest = max(largest, -(-(n + len(output)) // block_size))
+        seen.update(trace.stored)
+    largest = max((-(-(len(p) + len(o)) // block_size) for p, o in requests), default=0)
     return OracleResult(prompt_total, cached_total, len(reused), largest)
 
 
@@ -131,9 +131,8 @@ def traced_oracle(workload: Workload, block_size: int = BLOCK_SIZE, tokens: Toke
     """The oracle, and each request's blocks by (session id, turn) for `bench.lib.cache_bound`,
     from one tokenization."""
     requests, seed = workload_requests(workload, tokens, answer), block_hash_seed(MODEL)
-    traces = {key: BlockTrace.of(p, o, block_size, seed) for key, (p, o) in zip(request_keys(workload), requests,
-                                                                                 strict=True)}
-    return oracle(requests, block_size, seed), traces
+    traces = [BlockTrace.of(p, o, block_size, seed) for p, o in requests]
+    return _traced(requests, traces, block_size), dict(zip(request_keys(workload), traces, strict=True))
 
 
 def vllm_tokens(tokenizer: HFTokenizer) -> Tokens:
