@@ -156,6 +156,38 @@ def test_by_churn_a_new_prefix_on_full_caches_goes_where_fewer_tokens_were_inser
         clock.now += 100.0
 
 
+@pytest.mark.parametrize(("system", "question", "charged"), [(2000, 2000, True), (4000, 1000, False)])
+def test_a_mostly_fresh_prompt_goes_where_fewer_tokens_were_inserted(system: int, question: int,
+                                                                     charged: bool) -> None:
+    """Both replicas hold the system prompt and are full; b inserted far more lately (more
+    conversations live there), a's queue is 100 tokens longer. A prompt whose larger part no
+    candidate holds (500 of 1,000 tokens held) is charged by churn for that part and goes to a;
+    one mostly held (1,000 of 1,250) is not charged and goes to the shorter queue, b, as it does
+    for both without the charge (eviction_weight 0)."""
+    clock = Clock()
+    a, b = pool(2)
+    prefix = b"S" * system
+    for eviction_weight in (0.0, 1.0):
+        index = PrefixIndex(130)
+        s = scheduler(clock, index, eviction_weight=eviction_weight)
+        scorer = ttft_scorer(s)
+        for ep, other in ((a, b"F"), (b, b"G")):  # full caches, the system prompt most recent
+            index.record(ep.key, request(other * 8000).block_hashes)
+            index.record(ep.key, request(prefix).block_hashes)
+        scorer.model.routed(a, 300, None, clock.now)
+        scorer.model.routed(b, 100_000, None, clock.now)
+        clock.now += 100.0  # queues drained; churn x 2^(-100/120): a 300 -> 168, b 100,000 -> 56,123
+        scorer.model.routed(a, 100, None, clock.now)  # a 100 tokens busier: 10 ms more
+        d = s.schedule(request(prefix + b"q" * question, f"q{eviction_weight}"), [a, b])
+        assert d.request is not None
+        fresh = d.request.predictions[b.key][1]
+        assert d.request.predictions[a.key][0] == pytest.approx(d.request.predictions[b.key][0] + 10)
+        assert fresh == pytest.approx((system + question) / 4 - system // 64 * 16)
+        # Charged fresh tokens x 0.1 ms x churn / mean: b ~50 ms, a ~0.3 ms (500 fresh tokens).
+        assert d.primary is (a if charged and eviction_weight else b)
+        clock.now += 100.0
+
+
 def test_an_unknown_new_prefix_placement_is_refused() -> None:
     with pytest.raises(ValueError, match="new_prefix_placement"):
         scheduler(Clock(), new_prefix_placement="nearest")

@@ -33,6 +33,15 @@ For each candidate e (extproc/scheduling/latency.py for the model):
      inserted (latency.py): an LRU cache keeps a block about capacity / insertion rate, so the
      new prefix is likelier to be still there when it is asked again where churn is lower. This
      balances what each cache inserts, as sglang-router's placement by its trees' sizes does.
+   A prompt whose larger part no candidate holds (a new conversation after a system prompt the
+   replicas hold) is placed by churn for that part, whatever the setting (homes count prefix
+   families, and every new conversation joins its system prompt's): cost(e) += eviction_weight x
+   fullness(e) x fresh x prefill_ms_per_token x slowdown(e) x churn(e) / mean churn, fresh = prompt
+   tokens - the most any candidate holds. Without it, on two real vLLM engines, new conversations
+   went to the engine whose queue was a little shorter whatever its cache held, until its cache
+   thrashed and evicted their histories between turns. A prompt mostly held (a question after a
+   shared system prompt, a conversation's next turn) pays no such charge: its placement is the
+   queue and the copy it would cost.
 4. Affinity hints (prompt_cache_key, session header): an endpoint in `request.affinity_match`
    is credited with affinity_credit (0.5) of this request's uncached prefill time there: the key
    says the prompt shares more with that endpoint's earlier requests than the index can see, so
@@ -191,10 +200,14 @@ class PredictedTtftScorer:
         loads = [endpoint_load(ep) for ep in endpoints]
         most = max(cached, default=0.0)
         home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
-        # A prompt no candidate holds is placed by cache room (3. above), among the other families.
+        # A prompt no candidate holds is placed by cache room (3. above), among the other families;
+        # one whose larger part no candidate holds, by churn for that part.
         others = len(self._homes) - (1 if home_key else 0)
-        mean_homes = others / len(pool) if most <= 0 and endpoints else 0.0
-        mean_churn = sum(w.churn for w in works) / len(works) if self._by_churn and mean_homes > 0 else 0.0
+        fresh = tokens - most
+        by_homes = most <= 0 and not self._by_churn
+        mean_homes = others / len(pool) if by_homes and endpoints else 0.0
+        churn_placed = fresh > 0 and most <= fresh and not by_homes
+        mean_churn = sum(w.churn for w in works) / len(works) if churn_placed else 0.0
         hits = cached
         # Bounded reuse (5. above): asked only where something is cached and some prefix is counted;
         # a prompt nobody holds is bounded by load alone, below.
@@ -219,13 +232,13 @@ class PredictedTtftScorer:
                                                     strict=True):
             cost = ttft
             held = most if ep.key == home_key else held_away
-            if c.eviction_weight and (hit < held or mean_homes > 0):
+            if c.eviction_weight and (hit < held or mean_homes > 0 or mean_churn > 0):
                 # The recompute a full cache displaces, per token placed there.
                 evict_ms = c.eviction_weight * full * c.prefill_ms_per_token * w.slowdown
                 cost += evict_ms * max(0.0, held - hit)
                 if mean_churn > 0:
-                    cost += evict_ms * tokens * w.churn / mean_churn
-                elif mean_homes > 0 and not self._by_churn:
+                    cost += evict_ms * fresh * w.churn / mean_churn
+                elif mean_homes > 0:
                     cost += evict_ms * tokens * self._other_homes(ep.key, home_key) / mean_homes
             if ep.key in request.affinity_match:
                 cost -= c.affinity_credit * uncached * c.prefill_ms_per_token * w.slowdown
