@@ -38,10 +38,10 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    families, and every new conversation joins its system prompt's): cost(e) += eviction_weight x
    fullness(e) x fresh x prefill_ms_per_token x slowdown(e) x churn(e) / mean churn, fresh =
    prompt tokens - the most any candidate holds. Without it, on two real vLLM engines, new
-   conversations went to the engine measured faster (calibrated at about half the other's TTFT)
-   whatever its cache held, until it evicted their histories between turns. A prompt mostly held
-   (a question after a shared system prompt, a conversation's next turn) pays no such charge: its
-   placement is the queue and the copy it would cost.
+   conversations went to the engine calibrated faster whatever its cache held, until it evicted
+   their histories between turns. A prompt mostly held (a question after a shared system prompt,
+   a conversation's next turn) pays no such charge: its placement is the queue and the copy it
+   would cost.
 4. Affinity hints (prompt_cache_key, session header): an endpoint in `request.affinity_match`
    is credited with affinity_credit (0.5) of this request's uncached prefill time there: the key
    says the prompt shares more with that endpoint's earlier requests than the index can see, so
