@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import orjson
 
 from bench.lib.cache_bound import BlockTrace
-from bench.lib.workloads import MODEL, Workload, body
+from bench.lib.workloads import MODEL, Session, Workload, body
 from extproc.request.openai import Api, parse_request
 from extproc.tokenization.builtin import encode, render_chat
 from extproc.tokenization.tokenizer_json import HFTokenizer
@@ -106,15 +106,20 @@ def sim_answer(max_tokens: int) -> tuple[str, list[int]]:
     return output_text(0, max_tokens), output_token_ids(max_tokens)
 
 
-def request_keys(workload: Workload) -> list[tuple[int, int]]:
+def _in_order(workload: Workload) -> list[Session]:
+    """The sessions in the order their requests are listed (`workload_requests`, `_request_keys`)."""
+    return sorted(workload.sessions, key=lambda s: (s.start_s, s.id))
+
+
+def _request_keys(workload: Workload) -> list[tuple[int, int]]:
     """(session id, turn) of each request, in the order `workload_requests` lists them."""
-    return [(s.id, turn) for s in sorted(workload.sessions, key=lambda s: (s.start_s, s.id)) for turn in range(s.turns)]
+    return [(s.id, turn) for s in _in_order(workload) for turn in range(s.turns)]
 
 
 def workload_requests(workload: Workload, tokens: Tokens = prompt_tokens,
                       answer: Answer = sim_answer) -> list[tuple[list[int], list[int]]]:
     out: list[tuple[list[int], list[int]]] = []
-    for session in sorted(workload.sessions, key=lambda s: (s.start_s, s.id)):
+    for session in _in_order(workload):
         text, generated = answer(session.max_tokens)
         for turn in range(session.turns):
             path, request = body(session, turn, [text] * turn)
@@ -132,7 +137,7 @@ def traced_oracle(workload: Workload, block_size: int = BLOCK_SIZE, tokens: Toke
     from one tokenization."""
     requests, seed = workload_requests(workload, tokens, answer), block_hash_seed(MODEL)
     traces = [BlockTrace.of(p, o, block_size, seed) for p, o in requests]
-    return _traced(requests, traces, block_size), dict(zip(request_keys(workload), traces, strict=True))
+    return _traced(requests, traces, block_size), dict(zip(_request_keys(workload), traces, strict=True))
 
 
 def vllm_tokens(tokenizer: HFTokenizer) -> Tokens:
