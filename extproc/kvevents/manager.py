@@ -103,6 +103,7 @@ class KVEventsManager:
         self._awaiting: dict[str, float] = {}  # endpoint -> first routing since its last message
         self._capacity: dict[str, int] = {}
         self._listeners: list[Callable[[str, Sequence[int]], None]] = []
+        self._pending: list[tuple[str, Sequence[int], float]] = []  # record_later's, oldest first
         datastore.on_added(self._added)
         datastore.on_removed(self._removed)
         datastore.on_restarted(self._restarted)
@@ -126,6 +127,7 @@ class KVEventsManager:
                                                 "replay": addresses[0].replay})
 
     def _removed(self, ep: Endpoint) -> None:
+        self.flush()
         for task in self._tasks.pop(ep.key, ()):
             task.cancel()
         self._subs.pop(ep.key, None)
@@ -206,12 +208,33 @@ class KVEventsManager:
         return since is None or now - since <= self.config.silence_timeout_s
 
     def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]:
+        if self._pending:
+            self.flush()
         now = self._clock()
         usable = frozenset(ep for ep in candidates if self.usable(ep, now))
         return self.index.match(keys, candidates, now), usable
 
     def record(self, endpoint: str, keys: Sequence[int]) -> None:
-        now = self._clock()
+        if self._pending:
+            self.flush()
+        self._record(endpoint, keys, self._clock())
+
+    def record_later(self, endpoint: str, keys: Sequence[int]) -> bool:
+        """`record` at this time, made by `flush` or the next `match`, whichever comes first (the
+        scheduler's after-the-answer records, extproc/scheduling/scheduler.py); True when nothing
+        was pending before (the caller then arranges one `flush`)."""
+        first = not self._pending
+        self._pending.append((endpoint, keys, self._clock()))
+        return first
+
+    def flush(self) -> None:
+        pending = self._pending
+        if pending:
+            self._pending = []
+            for endpoint, keys, at in pending:
+                self._record(endpoint, keys, at)
+
+    def _record(self, endpoint: str, keys: Sequence[int], now: float) -> None:
         self._awaiting.setdefault(endpoint, now)
         self.index.record_speculative(endpoint, keys, now)
         for listener in self._listeners:

@@ -14,8 +14,13 @@ Operations:
   no candidate holds the next block, so a miss costs one dict lookup; once one candidate is left,
   its own LRU's generations answer the rest (walked in C). The candidates' mask is kept while the
   same list is asked again (the pool, request after request) and no slot changed.
-- `record(endpoint, hashes)`: called at decision time for the chosen endpoint; the prompt's first
-  block becomes the most recently used entry.
+- `record(endpoint, hashes)`: the chosen endpoint now holds the prompt's blocks; its first block
+  becomes the most recently used entry.
+- `record_later(endpoint, hashes)` and `flush()`: the same record, its work deferred. The scheduler
+  records this way and flushes on the event loop's next turn (extproc/scheduling/scheduler.py), so a
+  decision's answer goes out before the record's inserts and evictions, the larger part of a
+  decision at a large pool (docs/scale.md). Every method that reads or changes the index flushes
+  first, so no reader ever sees the index without a record already made.
 - `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
 - `on_record(listener)`: listeners see every local `record` (peer sync publishes them);
   `apply(endpoint, hashes)` records what a peer decided without notifying them, so nothing echoes.
@@ -76,6 +81,7 @@ class PrefixIndex:
         # The last candidate list `match` saw, its slots' mask and slot -> endpoint: the scheduler
         # asks with the same pool request after request. Dropped whenever a slot is given or freed.
         self._candidates: tuple[list[str], int, dict[int, str]] | None = None
+        self._pending: list[tuple[str, Sequence[int]]] = []  # record_later's, oldest first
 
     # -- endpoints -------------------------------------------------------------------------
     def _slot_of(self, endpoint: str) -> int:
@@ -93,6 +99,8 @@ class PrefixIndex:
 
     def set_capacity(self, endpoint: str, capacity: int) -> None:
         """Set one endpoint's capacity in blocks (e.g. from vllm:cache_config_info)."""
+        if self._pending:
+            self.flush()
         if capacity <= 0:
             raise ValueError("capacity must be positive")
         self._capacity[endpoint] = capacity
@@ -110,6 +118,8 @@ class PrefixIndex:
             self._capacity[endpoint] = capacity
 
     def remove_endpoint(self, endpoint: str) -> None:
+        if self._pending:
+            self.flush()
         slot = self._slot.pop(endpoint, None)
         self._capacity.pop(endpoint, None)
         if slot is None:
@@ -124,6 +134,8 @@ class PrefixIndex:
         self._candidates = None
 
     def endpoints(self) -> list[str]:
+        if self._pending:
+            self.flush()
         return list(self._slot)
 
     # -- request path ----------------------------------------------------------------------
@@ -146,6 +158,8 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
         """Number of leading blocks each candidate holds; candidates holding none are omitted."""
+        if self._pending:
+            self.flush()
         active, by_slot = self._candidate_slots(candidates)
         result: dict[str, int] = {}
         if not active or not hashes:
@@ -181,6 +195,28 @@ class PrefixIndex:
 
     def record(self, endpoint: str, hashes: Sequence[int]) -> None:
         """Note that `endpoint` now holds these blocks (most recently used); tell the listeners."""
+        if self._pending:
+            self.flush()
+        self._record(endpoint, hashes)
+
+    def record_later(self, endpoint: str, hashes: Sequence[int]) -> bool:
+        """`record`, deferred until `flush` or the next method that reads the index; True when
+        nothing was pending before (the caller then arranges one `flush`)."""
+        if not hashes:
+            return False
+        first = not self._pending
+        self._pending.append((endpoint, hashes))
+        return first
+
+    def flush(self) -> None:
+        """Make the deferred records, oldest first."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            for endpoint, hashes in pending:
+                self._record(endpoint, hashes)
+
+    def _record(self, endpoint: str, hashes: Sequence[int]) -> None:
         if not hashes:
             return
         # Leading blocks last: they become the most recently used, so under pressure a prompt's
@@ -191,15 +227,21 @@ class PrefixIndex:
 
     def apply(self, endpoint: str, hashes: Sequence[int]) -> None:
         """`record` of a peer's decision: same effect on the index, no listener is told."""
+        if self._pending:
+            self.flush()
         if hashes:
             self._insert(endpoint, reversed(hashes))
 
     def load(self, endpoint: str, hashes: Iterable[int]) -> None:
         """Insert blocks in the given order (oldest first), as `dump` yields them."""
+        if self._pending:
+            self.flush()
         self._insert(endpoint, hashes)
 
     def dump(self) -> Iterator[tuple[str, list[int]]]:
         """(endpoint, its blocks from least to most recently used), one copy per endpoint."""
+        if self._pending:
+            self.flush()
         for endpoint in list(self._lru):
             lru = self._lru.get(endpoint)
             if lru is not None:
@@ -236,6 +278,8 @@ class PrefixIndex:
     def forget(self, endpoint: str, hashes: Sequence[int]) -> None:
         """Drop these blocks from `endpoint` (a record that turned out wrong: another endpoint
         served the request)."""
+        if self._pending:
+            self.flush()
         slot = self._slot.get(endpoint)
         if slot is None or not hashes:
             return
@@ -272,21 +316,31 @@ class PrefixIndex:
     @property
     def entries(self) -> int:
         """(endpoint, block) pairs held."""
+        if self._pending:
+            self.flush()
         return self._entries
 
     @property
     def distinct_blocks(self) -> int:
+        if self._pending:
+            self.flush()
         return shard_len(self._holders)
 
     def approx_bytes(self) -> int:
+        if self._pending:
+            self.flush()
         return self._entries * BYTES_PER_ENTRY
 
     def held_by(self, endpoint: str) -> int:
+        if self._pending:
+            self.flush()
         lru = self._lru.get(endpoint)
         return lru.size if lru is not None else 0
 
     def used_shares(self, endpoints: Sequence[Keyed]) -> list[float]:
         """`used_share` of each endpoint (anything with a `key`), in one loop."""
+        if self._pending:
+            self.flush()
         lru, capacity, default = self._lru, self._capacity, self.default_capacity
         out = []
         for ep in endpoints:
@@ -297,5 +351,7 @@ class PrefixIndex:
 
     def used_share(self, endpoint: str) -> float:
         """held_by(endpoint) / capacity(endpoint), in one call (read for every candidate)."""
+        if self._pending:
+            self.flush()
         lru = self._lru.get(endpoint)
         return (lru.size if lru is not None else 0) / self._capacity.get(endpoint, self.default_capacity)

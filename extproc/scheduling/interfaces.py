@@ -77,6 +77,19 @@ class PreciseSource(Protocol):
 
     def record(self, endpoint: str, keys: Sequence[int]) -> None: ...
 
+    def record_later(self, endpoint: str, keys: Sequence[int]) -> bool: ...
+
+    def flush(self) -> None: ...
+
+
+class Deferred(Protocol):
+    """An index whose records can be made after the answer: `record_later` queues one (True when
+    nothing was pending), `flush` makes them, and the index's own reads flush first."""
+
+    def record_later(self, endpoint: str, keys: Sequence[int], /) -> bool: ...
+
+    def flush(self) -> None: ...
+
 
 class Filter(Protocol):
     name: str

@@ -9,15 +9,19 @@
    part of the prompt, the least waiting and a random sample (extproc/scheduling/shortlist.py).
 3. total(e) = sum_i weight_i * clamp(score_i(e), 0, 1) (the Go EPP's unnormalised weighted sum).
 4. The picker returns up to `max_endpoints` endpoints, best first.
-5. The request's block hashes are recorded in the index for the first pick (decision time), so
-   later requests with the same prefix find it there; its token keys become speculative entries
-   of the precise index; stateful scorers (`PickObserver`: predicted-ttft-scorer's backlogs) are
-   told the pick. The affinity hash is recorded apart, as its own one-block chain (not in
-   front of the prompt's blocks: requests with other keys but the same prompt still match them),
-   so it obeys the index's LRU bounds and peer sync spreads it like any record. When the proxy
-   reports that a fallback served the request instead (`reassign`), the approximate records
-   (blocks and affinity hash) and the observers' state move there (speculative precise entries
-   expire).
+5. The request's block hashes are recorded in the index for the first pick, so later requests
+   with the same prefix find it there; its token keys become speculative entries of the precise
+   index. Both records are made after the answer: queued at decision time (`record_later`) and
+   made on the event loop's next turn, once the caller has handed the decision to the transport,
+   or by the next read of that index, whichever comes first (the next decision's lookup
+   included: it never misses a record). At a pool of 256 endpoints the approximate record's
+   inserts and evictions were most of an 8k-token decision (docs/scale.md). Stateful scorers
+   (`PickObserver`: predicted-ttft-scorer's backlogs) are told the pick. The affinity hash is
+   recorded apart, as its own one-block chain (not in front of the prompt's blocks: requests
+   with other keys but the same prompt still match them), so it obeys the index's LRU bounds and
+   peer sync spreads it like any record. When the proxy reports that a fallback served the
+   request instead (`reassign`), the approximate records (blocks and affinity hash) and the
+   observers' state move there (speculative precise entries expire).
 
 `Decision` keeps each scorer's score of the chosen endpoint, the matched blocks and, with
 predicted-ttft-scorer, every candidate's predicted TTFT and the signals the chosen endpoint's
@@ -27,6 +31,7 @@ queue was scraped, where its slowdown comes from), which the optional explanatio
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +39,7 @@ from extproc.core.datastore import Endpoint
 from extproc.core.errors import EppError, ErrorCode
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.interfaces import (
+    Deferred,
     Filter,
     Picker,
     PickObserver,
@@ -155,12 +161,13 @@ class Scheduler:
         picked = self.picker.pick(endpoints, totals, self.max_endpoints)
         chosen = picked[0]
         ci = endpoints.index(chosen)
-        if index is not None and request.block_hashes:
-            index.record(chosen.key, request.block_hashes)
-        if index is not None and affinity is not None:
-            index.record(chosen.key, (affinity,))
+        if index is not None:
+            if request.block_hashes:
+                _record_after_answer(index, chosen.key, request.block_hashes)
+            if affinity is not None:
+                _record_after_answer(index, chosen.key, (affinity,))
         if precise is not None:
-            precise.record(chosen.key, token_keys)
+            _record_after_answer(precise, chosen.key, token_keys)
         for observer in self.observers:
             observer.picked(request, chosen)
         return Decision(
@@ -202,3 +209,12 @@ class Scheduler:
             if not decision.affinity_hit:
                 index.forget(decision.primary.key, (decision.affinity_hash,))
             index.record(served.key, (decision.affinity_hash,))
+
+
+def _record_after_answer(index: Deferred, endpoint: str, hashes: Sequence[int]) -> None:
+    """Queue the record and arrange one flush on the running loop's next turn (at once without a loop)."""
+    if index.record_later(endpoint, hashes):
+        try:
+            asyncio.get_running_loop().call_soon(index.flush)
+        except RuntimeError:
+            index.flush()

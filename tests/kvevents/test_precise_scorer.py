@@ -50,6 +50,13 @@ class FakePrecise:
     def record(self, endpoint: str, keys: Sequence[int]) -> None:
         self.recorded.append((endpoint, list(keys)))
 
+    def record_later(self, endpoint: str, keys: Sequence[int]) -> bool:
+        self.record(endpoint, keys)  # made at once: nothing is pending
+        return False
+
+    def flush(self) -> None:
+        pass
+
 
 def test_scheduler_fills_the_precise_match_and_records_the_choice() -> None:
     a, b = endpoints(2)

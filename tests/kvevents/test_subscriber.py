@@ -223,3 +223,22 @@ async def test_silent_publisher_ages_out_but_keeps_its_entries() -> None:
         await asyncio.gather(task, return_exceptions=True)
         pub.close(linger=0)
         ctx.destroy(linger=0)
+
+
+def test_a_speculative_record_made_later_is_seen_by_the_next_match() -> None:
+    """The scheduler's after-the-answer record (`record_later`): queued, then made by the next
+    `match` (or `flush`), with the time it was queued; listeners are told when it is made."""
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
+    now = [100.0]
+    m = KVEventsManager(replace(FAST, speculative_ttl_s=2.0), ds, clock=lambda: now[0])
+    told: list[str] = []
+    m.on_record(lambda endpoint, keys: told.append(endpoint))
+    assert m.record_later("10.0.0.1:8000", [5, 6, 7]) is True
+    assert m.record_later("10.0.0.1:8000", [5, 6]) is False  # one flush arranged for both
+    assert told == [] and m.index.speculative("10.0.0.1:8000") == 0
+    now[0] = 101.5
+    matched, _ = m.match([5, 6, 7], ["10.0.0.1:8000"])
+    assert matched == {"10.0.0.1:8000": 3} and told == ["10.0.0.1:8000"] * 2
+    now[0] = 102.1  # the TTL counts from when the records were queued (100.0), not made
+    assert m.match([5, 6, 7], ["10.0.0.1:8000"])[0] == {}

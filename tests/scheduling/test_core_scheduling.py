@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 
@@ -152,3 +153,32 @@ def test_empty_filter_result_is_an_error() -> None:
     with pytest.raises(EppError) as info:
         sched.schedule(req(b"x"), make_ds(1).snapshot())
     assert info.value.http_status == 503
+
+
+async def test_records_are_made_after_the_answer_and_before_the_next_lookup() -> None:
+    """On a running loop a decision returns with its record queued, not made (the answer goes out
+    first); the next decision's lookup makes it, so a request right behind it with the same
+    prefix still finds it; otherwise the loop's next turn makes it."""
+    ds = make_ds(4)
+    index = PrefixIndex(10000)
+    told: list[str] = []
+    index.on_record(lambda endpoint, hashes: told.append(endpoint))
+    sched = default_scheduler(EppConfig(seed=1, scheduler="weighted"), index)
+    prompt = b"shared system prompt " * 40
+    first = sched.schedule(req(prompt + b"q0"), ds.snapshot())
+    assert told == []  # queued: nothing inserted or published yet
+    second = sched.schedule(req(prompt + b"q1"), ds.snapshot())  # back to back: its lookup flushes
+    assert told == [first.primary.key]
+    assert second.primary is first.primary and second.matched_blocks == second.total_blocks - 1
+    await asyncio.sleep(0)  # the loop's next turn makes the second record
+    assert told == [first.primary.key, second.primary.key]
+    assert index.held_by(first.primary.key) == len(set(first.block_hashes) | set(second.block_hashes))
+
+
+def test_without_a_running_loop_the_record_is_made_at_once() -> None:
+    ds = make_ds(2)
+    index = PrefixIndex(10000)
+    told: list[str] = []
+    index.on_record(lambda endpoint, hashes: told.append(endpoint))
+    d = default_scheduler(EppConfig(seed=1, scheduler="weighted"), index).schedule(req(b"p" * 640), ds.snapshot())
+    assert told == [d.primary.key]
