@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import orjson
@@ -71,7 +72,11 @@ async def drive(app: App, msgs: Sequence[pb.ProcessingRequest], explain: bool = 
         for m in msgs:
             yield m
 
-    return [r async for r in proc.run(gen())]
+    out = [r async for r in proc.run(gen())]
+    # In memory nothing above yields to the loop, where gRPC's sends would: one turn lets what the
+    # picker does after an answer (the index records, extproc/scheduling/scheduler.py) run.
+    await asyncio.sleep(0)
+    return out
 
 
 def completion(prompt: str = "hello " * 50) -> bytes:
