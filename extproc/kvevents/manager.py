@@ -23,9 +23,10 @@ Request path (never waits on a subscriber):
   were routed to it `--kv-events-silence-timeout` (10 s) ago and no message came since (an idle
   engine publishes nothing, so plain silence is no evidence). Entries of a silent endpoint are
   kept; the next message makes it usable again.
-- `record(endpoint, keys)`: speculative entries for the chosen endpoint (TTL
-  `--kv-events-speculative-ttl`, 2 s); `on_record` listeners see them (peer sync shares them),
-  `apply_speculative` records a peer's without telling the listeners.
+- `record_later(endpoint, keys)` and `flush()`: speculative entries for the chosen endpoint (TTL
+  `--kv-events-speculative-ttl`, 2 s, from the time queued), made by `flush` or the next `match`
+  (the scheduler flushes after its answer); `on_record` listeners see them when they are made
+  (peer sync shares them), `apply_speculative` records a peer's without telling the listeners.
 
 Maintenance every `maintenance_interval_s` (0.5 s): expire speculative entries, size each
 endpoint's slots from its scraped `num_gpu_blocks`, refresh the block size.
@@ -214,15 +215,10 @@ class KVEventsManager:
         usable = frozenset(ep for ep in candidates if self.usable(ep, now))
         return self.index.match(keys, candidates, now), usable
 
-    def record(self, endpoint: str, keys: Sequence[int]) -> None:
-        if self._pending:
-            self.flush()
-        self._record(endpoint, keys, self._clock())
-
     def record_later(self, endpoint: str, keys: Sequence[int]) -> bool:
-        """`record` at this time, made by `flush` or the next `match`, whichever comes first (the
-        scheduler's after-the-answer records, extproc/scheduling/scheduler.py); True when nothing
-        was pending before (the caller then arranges one `flush`)."""
+        """Speculative entries as of now, made by `flush` or the next `match`, whichever comes first
+        (the scheduler's after-the-answer records, extproc/scheduling/scheduler.py); True when
+        nothing was pending before (the caller then arranges one `flush`)."""
         first = not self._pending
         self._pending.append((endpoint, keys, self._clock()))
         return first

@@ -70,18 +70,6 @@ class SchedulingRequest:
         return len(self.block_hashes)
 
 
-class PreciseSource(Protocol):
-    """The precise index as the scheduler sees it (extproc/kvevents/manager.py)."""
-
-    def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]: ...
-
-    def record(self, endpoint: str, keys: Sequence[int]) -> None: ...
-
-    def record_later(self, endpoint: str, keys: Sequence[int]) -> bool: ...
-
-    def flush(self) -> None: ...
-
-
 class Deferred(Protocol):
     """An index whose records can be made after the answer: `record_later` queues one (True when
     nothing was pending), `flush` makes them, and the index's own reads flush first."""
@@ -89,6 +77,13 @@ class Deferred(Protocol):
     def record_later(self, endpoint: str, keys: Sequence[int], /) -> bool: ...
 
     def flush(self) -> None: ...
+
+
+class PreciseSource(Deferred, Protocol):
+    """The precise index as the scheduler sees it (extproc/kvevents/manager.py): its match, and its
+    speculative records made after the answer (`Deferred`)."""
+
+    def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]: ...
 
 
 class Filter(Protocol):

@@ -47,11 +47,8 @@ class FakePrecise:
     def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]:
         return {k: v for k, v in self.held.items() if k in candidates}, frozenset(self.usable & set(candidates))
 
-    def record(self, endpoint: str, keys: Sequence[int]) -> None:
-        self.recorded.append((endpoint, list(keys)))
-
     def record_later(self, endpoint: str, keys: Sequence[int]) -> bool:
-        self.record(endpoint, keys)  # made at once: nothing is pending
+        self.recorded.append((endpoint, list(keys)))  # made at once: nothing is pending
         return False
 
     def flush(self) -> None:

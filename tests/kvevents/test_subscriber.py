@@ -210,7 +210,8 @@ async def test_silent_publisher_ages_out_but_keeps_its_entries() -> None:
         await wait_for(lambda: m.index.held(live) == 4)
         # `dead` never heard from, `bad` cannot even connect: both are scored approximately.
         assert m.match(keys, [live, dead, "127.0.0.1:11"]) == ({live: 4}, frozenset({live}))
-        m.record(live, keys)  # routed at t=100; the engine should publish soon
+        m.record_later(live, keys)  # routed at t=100; the engine should publish soon
+        m.flush()
         clock.t = 104.0
         assert m.usable(live, clock())
         clock.t = 106.0

@@ -152,10 +152,12 @@ async def test_precise_speculative_entries_are_shared() -> None:
         await sync.start()
         syncs.append(sync)
     try:
-        managers[0].record("10.0.0.1:8000", [11, 12, 13])
+        managers[0].record_later("10.0.0.1:8000", [11, 12, 13])
+        managers[0].flush()
         await until(lambda: managers[1].index.speculative("10.0.0.1:8000") == 3)
         assert managers[1].index.match([11, 12, 13], ["10.0.0.1:8000"], managers[1].now()) == {"10.0.0.1:8000": 3}
-        managers[1].record("10.0.0.2:8000", [99])  # a marker behind any echo on the same link
+        managers[1].record_later("10.0.0.2:8000", [99])  # a marker behind any echo on the same link
+        managers[1].flush()
         await until(lambda: managers[0].index.speculative("10.0.0.2:8000") == 1)
         assert managers[0].index.speculative("10.0.0.1:8000") == 3  # applied once, no echo growth
         assert syncs[0].stats.records_applied == 1  # the marker; nothing of its own came back
