@@ -181,6 +181,13 @@ class PrefixIndex:
         self._assign(active, len(hashes), by_slot, result)
         return result
 
+    def leading(self, endpoint: str, hashes: Sequence[int]) -> int:
+        """`match(hashes, [endpoint])` for one endpoint, without touching the candidate cache."""
+        if self._pending:
+            self.flush()
+        lru = self._lru.get(endpoint)
+        return lru.leading(hashes, 0) if lru is not None and hashes else 0
+
     @staticmethod
     def _assign(mask: int, matched: int, by_slot: dict[int, str], result: dict[str, int]) -> None:
         if matched == 0:

@@ -93,6 +93,11 @@ class Filter(Protocol):
 
 
 class Scorer(Protocol):
+    """`approximate_use` (optional; read with getattr, "all" where a scorer does not say):
+    which candidates' `prefix_match` it reads: "all", "fallback" (only those outside
+    `precise_usable`) or "none". When every scorer says "fallback" or "none", the scheduler
+    asks the approximate index only for candidates whose KV events are not usable."""
+
     name: str
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]: ...

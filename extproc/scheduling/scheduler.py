@@ -1,8 +1,13 @@
 """The scheduler: one pass of filters -> prefix lookup -> weighted scorers -> picker -> record.
 
 1. Filters run in order; an empty result fails the request (the caller maps it to an error).
-2. The prefix index is consulted once for the surviving candidates (`request.prefix_match`), and,
-   when the request has token keys, the precise index (`request.precise_match`, `precise_usable`).
+2. When the request has token keys, the precise index is consulted for the surviving candidates
+   (`request.precise_match`, `precise_usable`); then the approximate prefix index, once
+   (`request.prefix_match`): for every candidate, or, where every scorer reads it only as the
+   fallback for endpoints without usable KV events (precise routing), for those alone; the
+   chosen endpoint's approximate match is then read on its own after the pick (the decision's
+   `matched_blocks`: the hit-ratio metric, the closed loop). At 256 endpoints the approximate
+   lookup walked dicts of millions of entries for nothing the scorers used.
    An affinity hint is looked up in the same index as a one-block chain of its own:
    `request.affinity_match` = candidates holding `affinity_hash`.
    Above --max-scored-endpoints candidates, only a shortlist of them is scored: those holding
@@ -125,6 +130,9 @@ class Scheduler:
         self.precise = precise
         self.shortlist = shortlist
         self.observers = [ws.scorer for ws in self.scorers if isinstance(ws.scorer, PickObserver)]
+        # Some scorer reads the approximate match of endpoints whose KV events are usable.
+        self.approximate_for_usable = any(getattr(ws.scorer, "approximate_use", "all") == "all"
+                                          for ws in self.scorers)
         self.ranker = next((ws.scorer for ws in self.scorers if isinstance(ws.scorer, QueueRanker)), None)
 
     def schedule(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> Decision:
@@ -135,15 +143,21 @@ class Scheduler:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, f"no endpoint left after filter {f.name}")
         keys = [ep.key for ep in endpoints]
         index = self.index
-        if index is not None and request.block_hashes:
-            request.prefix_match = index.match(request.block_hashes, keys)
-        affinity = request.affinity_hash if index is not None else None
-        if affinity is not None and index is not None:
-            request.affinity_match = frozenset(index.match((affinity,), keys))
         token_keys = request.token_keys or []
         precise = self.precise if token_keys else None
         if precise is not None:
             request.precise_match, request.precise_usable = precise.match(token_keys, keys)
+        # Where the scorers read the approximate match only as the fallback, endpoints with usable
+        # KV events are not asked (the chosen one's match is read after the pick, for the decision).
+        approximate_asked = keys
+        if precise is not None and not self.approximate_for_usable and request.precise_usable:
+            usable = request.precise_usable
+            approximate_asked = [k for k in keys if k not in usable]
+        if index is not None and request.block_hashes and approximate_asked:
+            request.prefix_match = index.match(request.block_hashes, approximate_asked)
+        affinity = request.affinity_hash if index is not None else None
+        if affinity is not None and index is not None:
+            request.affinity_match = frozenset(index.match((affinity,), keys))
         if self.shortlist is not None and self.shortlist.applies(len(endpoints)):
             endpoints = self.shortlist.select(request, endpoints, keys, self.ranker)
         totals: list[float] = [0.0] * len(endpoints)
@@ -161,6 +175,10 @@ class Scheduler:
         picked = self.picker.pick(endpoints, totals, self.max_endpoints)
         chosen = picked[0]
         ci = endpoints.index(chosen)
+        matched = request.prefix_match.get(chosen.key, 0)
+        if index is not None and request.block_hashes and approximate_asked is not keys \
+                and chosen.key in request.precise_usable:
+            matched = index.leading(chosen.key, request.block_hashes)  # before its record below
         if index is not None:
             if request.block_hashes:
                 _record_after_answer(index, chosen.key, request.block_hashes)
@@ -172,7 +190,7 @@ class Scheduler:
             observer.picked(request, chosen)
         return Decision(
             endpoints=picked,
-            matched_blocks=request.prefix_match.get(chosen.key, 0),
+            matched_blocks=matched,
             total_blocks=request.total_blocks,
             scores=[(ws.scorer.name, per_scorer[k][ci]) for k, ws in enumerate(self.scorers)],
             total=totals[ci],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from extproc.config.settings import EppConfig, KVEventsConfig, PrefixConfig
@@ -72,6 +72,49 @@ def test_scheduler_fills_the_precise_match_and_records_the_choice() -> None:
     assert decision.primary is b and req.precise_match == {b.key: 3}
     assert precise.recorded == [(b.key, [7, 8, 9])]
     assert "precise=3/3;" in decision.explain() and decision.precise_usable
+
+
+class CountingIndex(PrefixIndex):
+    """The approximate index, noting which candidates each match was asked for."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.asked: list[list[str]] = []
+
+    def match(self, hashes: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
+        listed = list(candidates)
+        self.asked.append(listed)
+        return super().match(hashes, listed)
+
+
+def test_precise_routing_asks_the_approximate_index_only_for_endpoints_without_usable_events() -> None:
+    a, b, c = endpoints(3)
+    cfg = replace(EppConfig(seed=1), kv_events=KVEventsConfig(prefix_scorer="precise"))
+    index = CountingIndex(PrefixConfig().lru_capacity_per_server)
+    index.record(a.key, [1, 2, 3])
+    index.record(b.key, [1, 2])
+    index.record(c.key, [1])
+    precise = FakePrecise({a.key, b.key}, {a.key: 3})
+    sched = build_scheduler(cfg, index, precise=precise)  # predicted-ttft, precise: approximate as fallback
+    req = SchedulingRequest("r", "m", block_hashes=[1, 2, 3], token_keys=[7, 8, 9], prompt_bytes=3 * 64)
+    decision = sched.schedule(req, [a, b, c])
+    assert index.asked == [[c.key]] and req.prefix_match == {c.key: 1}
+    # The chosen endpoint's approximate match is still the decision's (hit ratio, closed loop),
+    # read before its record.
+    assert decision.primary is a and decision.matched_blocks == 3
+    # Every candidate usable: the approximate index is not asked before the pick at all.
+    precise.usable = {a.key, b.key, c.key}
+    index.asked.clear()
+    req = SchedulingRequest("r2", "m", block_hashes=[1, 2, 3, 4], token_keys=[7, 8, 9, 10], prompt_bytes=4 * 64)
+    decision = sched.schedule(req, [a, b, c])
+    assert index.asked == [] and req.prefix_match == {} and decision.primary is a
+    assert decision.matched_blocks == 3  # [1, 2, 3] held, 4 recorded only after this decision
+    # A scorer that reads the approximate match everywhere (prefix-cache-scorer) keeps the full lookup.
+    weighted = build_scheduler(replace(cfg, scheduler="weighted", kv_events=KVEventsConfig()), index, precise=precise)
+    assert weighted.approximate_for_usable
+    index.asked.clear()
+    weighted.schedule(SchedulingRequest("r3", "m", block_hashes=[1, 2], token_keys=[7, 8]), [a, b, c])
+    assert index.asked == [[a.key, b.key, c.key]]
 
 
 def test_endpoint_picker_config_selects_the_precise_scorer() -> None:

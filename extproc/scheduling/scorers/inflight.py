@@ -27,6 +27,7 @@ def min_max_inverse(values: Sequence[float]) -> list[float]:
 
 class InflightLoadScorer:
     name = "inflight-load-scorer"
+    approximate_use = "none"  # extproc/scheduling/interfaces.py's Scorer
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         return min_max_inverse([endpoint_load(ep) for ep in endpoints])

@@ -17,6 +17,7 @@ from extproc.scheduling.load import usable_metrics
 
 class KvCacheScorer:
     name = "kv-cache-utilization-scorer"
+    approximate_use = "none"  # extproc/scheduling/interfaces.py's Scorer
 
     def __init__(self, staleness_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.staleness_s = staleness_s

@@ -26,6 +26,7 @@ WAITING = 0.6
 
 class LoraAffinityScorer:
     name = "lora-affinity-scorer"
+    approximate_use = "none"  # extproc/scheduling/interfaces.py's Scorer
 
     def __init__(self, staleness_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.staleness_s = staleness_s

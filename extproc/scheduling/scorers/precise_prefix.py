@@ -26,6 +26,7 @@ from extproc.scheduling.interfaces import SchedulingRequest
 
 class PrecisePrefixScorer:
     name = "precise-prefix-cache-scorer"
+    approximate_use = "fallback"  # extproc/scheduling/interfaces.py's Scorer
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         keys = len(request.token_keys or ())

@@ -100,6 +100,9 @@ class PredictedTtftScorer:
         # The precise index's matches count only with --prefix-scorer precise; --kv-events alone
         # compares the two indexes' predictions without changing the routing.
         self.precise = config.kv_events.prefix_scorer == "precise"
+        # extproc/scheduling/interfaces.py's Scorer: precise, it reads the approximate match only
+        # for endpoints whose KV events are not usable.
+        self.approximate_use = "fallback" if self.precise else "all"
         self.model = LatencyModel(config.latency, config.prefix.bytes_per_token, clock)
         self.ranking = QueueRanking(self.model)
         self.index = index

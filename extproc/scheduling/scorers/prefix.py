@@ -25,6 +25,7 @@ from extproc.scheduling.interfaces import SchedulingRequest
 
 class PrefixScorer:
     name = "prefix-cache-scorer"
+    approximate_use = "all"  # extproc/scheduling/interfaces.py's Scorer
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         total = request.total_blocks

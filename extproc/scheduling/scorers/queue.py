@@ -21,6 +21,7 @@ from extproc.scheduling.scorers.inflight import min_max_inverse
 
 class QueueScorer:
     name = "queue-scorer"
+    approximate_use = "none"  # extproc/scheduling/interfaces.py's Scorer
 
     def __init__(self, staleness_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.staleness_s = staleness_s
