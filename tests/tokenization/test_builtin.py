@@ -32,9 +32,10 @@ def test_pieces_are_lossless_for_arbitrary_unicode() -> None:
     assert len(encode(text)) == count(text)
 
 
-def test_the_possessive_word_run_splits_as_the_backtracking_rule_does() -> None:
-    """The word alternative is matched possessively for speed; the module's rules, written with
-    a backtracking run, give the same pieces on long words, digits, specials and mixed scripts."""
+def test_the_fast_word_rules_split_as_the_backtracking_rule_does() -> None:
+    """The word alternative is matched possessively and tried for ASCII letters first, for speed;
+    the module's rules, written once with a backtracking run, give the same pieces on long words,
+    digits, specials and mixed scripts (ASCII runs that stop at another letter included)."""
     import re
 
     letter, special = tokenizer._LETTER, tokenizer._SPECIAL
@@ -42,8 +43,11 @@ def test_the_possessive_word_run_splits_as_the_backtracking_rule_does() -> None:
         rf" ?{letter}{{1,{tokenizer.MAX_WORD_CHARS}}}(?!{letter})| ?{letter}{{1,{tokenizer.WORD_PIECE_CHARS}}}"
         rf"|\d{{1,3}}|{special}| ?(?:(?!{special})[^\s\w]){{1,4}}|_{{1,4}}|\s{{1,16}}(?!\S)|\s")
     rng = random.Random(11)
-    alphabet = "abcdefghijklmnopqrstuvwxyz\u00c4\u00e9\u00df\u0436\u6f22\u5b57  \n\t.,;:!?-_0123456789<|>"
+    alphabet = "abcdefghijklmnopqrstuvwxyz\u00c4\u00e9\u00df\u0436\u6f22\u5b57\u00b2\u216b  \n\t.,;:!?-_0123456789<|>"
     texts = [ENGLISH, "internationalization " * 5 + "<|im_start|>a" + "x" * 23]
+    # ASCII runs of 1-12 letters, then another letter (\u00e9, superscript two, Roman twelve) or not.
+    tails = ("", "\u00e9", "\u00b2x", "\u216b", "_", "1")
+    texts += [" ".join("abcdefghijkl"[:n] + tail for n in range(1, 13) for tail in tails)]
     texts += ["".join(rng.choice(alphabet) for _ in range(3000)) for _ in range(50)]
     for text in texts:
         assert pieces(text) == backtracking.findall(text)
