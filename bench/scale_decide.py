@@ -11,8 +11,9 @@ indexed) plus a part of their own. Figures: wall time per decision p50/p99,
 and CPU per request (process CPU over the measured loop / requests).
 - approximate: `PrefixIndex` at its default capacity per endpoint (31,250 blocks), every record evicts;
 - precise: the KV-events index at its default capacity per endpoint (32,768 blocks) filled by
-  BlockStored events; each routed request's blocks are then stored on the chosen endpoint as its
-  engine would report them. Event streams are treated as connected (no ZeroMQ here).
+  BlockStored events; each routed request's blocks (its tokens as far as the lookup reaches,
+  tokenized before the clock starts) are then stored on the chosen endpoint as its engine would
+  report them. Event streams are treated as connected (no ZeroMQ here).
 
 `tokenize(tokens)`: the builtin tokenizer on one prompt of `tokens` tokens, cold (a new tokenizer)
 and with all but its last 4,096 tokens cached (an earlier turn), uncapped and at the precise
@@ -30,6 +31,7 @@ import random
 import resource
 import string
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -56,6 +58,11 @@ TOKENS_PER_WORD = 1.16
 BLOCK = 16
 _CORPUS_RNG = random.Random(9)
 CORPUS = "".join(_CORPUS_RNG.choice(WORDS) for _ in range(200_000))  # the requests' own parts come from it
+
+
+# The precise lookup's reach (max_blocks x block_size tokens), and enough characters to hold it.
+STORED_TOKENS = KVEventsConfig().max_blocks * KVEventsConfig().block_size
+STORED_CHARS = STORED_TOKENS * 16
 
 
 def text(seed: int, tokens: int) -> str:
@@ -119,7 +126,7 @@ def decision_cells(endpoints: int, mode: str, lengths: Sequence[int], requests: 
     rng = random.Random(3)
     serial = 0
 
-    async def one(data: bytes) -> float:
+    async def one(data: bytes, tokens: array[int] | None) -> float:
         nonlocal serial
         serial += 1
         ctx = RequestContext(path="/v1/completions", request_id=str(serial))
@@ -129,14 +136,18 @@ def decision_cells(endpoints: int, mode: str, lengths: Sequence[int], requests: 
         decision = app.director.route(ctx, data)
         elapsed = time.perf_counter() - start
         app.director.complete(decision.primary, decision)  # the observers release what it held
-        if app.kv_events is not None and ctx.tokens:  # the engine reports the blocks it stored
-            n = len(ctx.tokens) // BLOCK * BLOCK
+        if app.kv_events is not None and tokens:  # the engine reports the blocks it stored
+            n = len(tokens) // BLOCK * BLOCK
             app.kv_events.index.apply((decision.primary.key, 0), Stored(
-                [rng.getrandbits(63) for _ in range(n // BLOCK)], None, list(ctx.tokens[:n]), BLOCK))
-        # One turn of the loop between requests (they are not back to back): what the picker does
-        # after an answer (the prefix-index records) runs here, in CPU per request, not in the time
-        # to the decision. Back to back, the next decision's lookup would make it first.
+                [rng.getrandbits(63) for _ in range(n // BLOCK)], None, tokens[:n].tolist(), BLOCK))
+        # The loop runs until this is its only task between requests (they are not back to back):
+        # what the picker does after an answer (the prefix-index records, keying the rest of a
+        # prompt whose tokenizing stopped early) runs here, in CPU per request, not in the time to
+        # the decision. Back to back, the next decision's lookup would make the records first.
         await asyncio.sleep(0)
+        me = asyncio.current_task()
+        while any(t is not me for t in asyncio.all_tasks()):
+            await asyncio.sleep(0)
         return elapsed
 
     async def cell(tokens: int) -> dict[str, Any]:
@@ -144,19 +155,22 @@ def decision_cells(endpoints: int, mode: str, lengths: Sequence[int], requests: 
         own_chars = len(shared[0])
         corpus = CORPUS * (own_chars // len(CORPUS) + 2)
         count = requests(tokens)
-        bodies = []
+        bodies: list[bytes] = []
+        stored: list[array[int] | None] = []
         for i in range(16 + count):  # made before the clock starts
             at = corpus.index(" ", rng.randrange(len(CORPUS))) + 1
-            bodies.append(orjson.dumps({"model": "bench-model", "prompt": shared[i % 8] + corpus[at:at + own_chars],
-                                        "max_tokens": 1}))
-        for data in bodies[:16]:  # the shared prompts tokenized, routed and indexed
-            await one(data)
+            prompt = shared[i % 8] + corpus[at:at + own_chars]
+            bodies.append(orjson.dumps({"model": "bench-model", "prompt": prompt, "max_tokens": 1}))
+            # What the engine stores: the prompt's tokens as far as the precise lookup reaches.
+            stored.append(array("I", encode(prompt[:STORED_CHARS])[:STORED_TOKENS]) if app.kv_events else None)
+        for data, ids in zip(bodies[:16], stored[:16], strict=True):  # the shared prompts routed and indexed
+            await one(data, ids)
         samples = []
         if profiler is not None:
             profiler.enable()
         cpu0 = time.process_time()
-        for data in bodies[16:]:
-            samples.append(await one(data))
+        for data, ids in zip(bodies[16:], stored[16:], strict=True):
+            samples.append(await one(data, ids))
         cpu = time.process_time() - cpu0
         if profiler is not None:
             profiler.disable()

@@ -18,7 +18,11 @@ route(ctx):
 In precise mode the processor awaits `prepare(ctx, body)` once the body is complete and before
 `route`: it parses the body and tokenizes it off the event loop (local tokenizers in a worker
 thread, extproc/tokenization/; the remote one over HTTP), so a 7,200-token prompt never stalls other
-streams. `route` tokenizes in line only when `prepare` was not called (in-process callers). `track_usage(ctx, decision)`
+streams. A chunked local tokenizer stops at the first block no endpoint holds (the tokens after
+it cannot change the lookup: extproc/kvevents/lookahead.py); the decision then estimates the
+prompt's length, and the rest is tokenized after the answer, its keys recorded as speculative
+entries of the chosen endpoint. `route` tokenizes in line only when `prepare` was not called
+(in-process callers). `track_usage(ctx, decision)`
 starts the closed loop for the response (extproc/control/usage.py) when `feedback` is set and the
 usage sampler (`--usage-sample-rate`) picks the request; `watch_response` adds, for `/v1/responses`,
 the response id that the next turn's `previous_response_id` names (extproc/control/response_ids.py).
@@ -29,6 +33,8 @@ Bodiless requests (GET /v1/models) skip 1, 4 and 5: a random candidate is chosen
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import uuid
 from collections.abc import Callable, Sequence
@@ -41,6 +47,7 @@ from extproc.control.response_ids import ResponseWatch
 from extproc.control.usage import Prediction, Report, UsageSampler, UsageTracker, matched_bytes
 from extproc.core.datastore import Datastore, Endpoint, split_host_port
 from extproc.core.errors import EppError, ErrorCode
+from extproc.kvevents.lookahead import HeldPrefix
 from extproc.prefix.hashing import affinity_hash, block_hashes
 from extproc.request.openai import Api, ParsedRequest, api_from_path, parse_request
 from extproc.scheduling.interfaces import SchedulingRequest
@@ -48,11 +55,13 @@ from extproc.scheduling.scheduler import Decision, Scheduler
 from extproc.tokenization.factory import Tokenizer
 
 Admission = Callable[[SchedulingRequest, Sequence[Endpoint]], None]
+log = logging.getLogger("prefix_epp.director")
 
 
 class PreciseKeys(Protocol):
     """What the director needs of the precise index (extproc/kvevents/manager.py implements it):
-    the engine's block size, how many prompt tokens a lookup can use, and a prompt's block keys."""
+    the engine's block size, how many prompt tokens a lookup can use, a prompt's block keys (at
+    once, or while it is tokenized), and speculative records of keys made after the decision."""
 
     block_size: int
 
@@ -60,6 +69,12 @@ class PreciseKeys(Protocol):
     def max_tokens(self) -> int: ...
 
     def keys_for(self, model: str, cache_salt: str, tokens: Sequence[int]) -> list[int] | None: ...
+
+    def lookahead(self, model: str, cache_salt: str) -> HeldPrefix | None: ...
+
+    def record_later(self, endpoint: str, keys: Sequence[int], /) -> bool: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -72,6 +87,7 @@ class RequestContext:
     subset: list[str] | None = None
     parsed: ParsedRequest | None = None
     tokens: list[int] | None = None  # from an asynchronous tokenizer (prepare)
+    lookahead: HeldPrefix | None = None  # prepare's keys, where tokenizing may stop early
     session: str = ""  # the session header's value (affinity hint): only ever hashed
     affinity_source: str = ""  # set by route: where the request's affinity hint came from, if any
     sampled: bool | None = None  # the usage sampler's answer for this request (None: not asked yet)
@@ -123,6 +139,7 @@ class Director:
         self.routes_on_tokens = routes_on_tokens  # False: --kv-events alone, the precise scorer only compared
         self.feedback: Report | None = None  # closed-loop reporter (EppMetrics.observe_cached_prediction)
         self.usage_sampler = UsageSampler(config.usage_sample_rate)
+        self.finishing: set[asyncio.Task[None]] = set()  # prompts keyed after their answers
 
     def candidates(self, ctx: RequestContext) -> list[Endpoint]:
         endpoints: list[Endpoint] = list(self.datastore.snapshot())
@@ -160,15 +177,21 @@ class Director:
         request.affinity_hash, ctx.affinity_source = affinity_hint(
             self.config.affinity, parsed.model, parsed.cache_salt, parsed.affinity_key, ctx.session,
             parsed.previous_response_id)
+        held = None
         if self.precise is not None and self.wants_tokens(ctx):
             request.token_keys = self._token_keys(ctx, parsed)
             tokens = len(ctx.tokens or ())
+            held = ctx.lookahead if ctx.lookahead is not None and ctx.lookahead.stopped else None
+            if held is not None and request.token_keys:
+                tokens, request.token_blocks = held.estimated_tokens, held.blocks
             # Tokenization stops at the precise index's reach: a longer prompt is estimated from its bytes.
             request.prompt_tokens = tokens if tokens < self.precise.max_tokens else 0
         if self.admission is not None:
             self.admission(request, candidates)
         decision = self.scheduler.schedule(request, candidates)
         self.datastore.acquire(decision.primary.key)
+        if held is not None and request.token_keys and self.scheduler.precise is not None:
+            self._finish_keys_later(parsed, held, decision.primary.key)
         return decision
 
     def route_bodiless(self, ctx: RequestContext) -> Endpoint:
@@ -226,8 +249,11 @@ class Director:
             ctx.parsed = parse_request(api_from_path(ctx.path), body)
         except EppError:
             return
-        max_tokens = self.precise.max_tokens if self.precise is not None else 0
-        ctx.tokens = await self.tokenizer.encode_async(ctx.parsed, max_tokens)
+        max_tokens, more = 0, None
+        if self.precise is not None:
+            max_tokens = self.precise.max_tokens
+            more = ctx.lookahead = self.precise.lookahead(ctx.parsed.model, ctx.parsed.cache_salt)
+        ctx.tokens = await self.tokenizer.encode_async(ctx.parsed, max_tokens, more)
 
     def _token_keys(self, ctx: RequestContext, parsed: ParsedRequest) -> list[int] | None:
         assert self.precise is not None
@@ -236,7 +262,42 @@ class Director:
             tokens = ctx.tokens = self.tokenizer.encode(parsed, self.precise.max_tokens)
         if not tokens:
             return None
+        if ctx.lookahead is not None:  # keyed while tokenizing: only the blocks after are keyed here
+            try:
+                return list(ctx.lookahead.keys(tokens))
+            except ValueError:
+                return None
         return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)
+
+    def _finish_keys_later(self, parsed: ParsedRequest, held: HeldPrefix, endpoint: str) -> None:
+        """Tokenizing stopped at the first block no endpoint held (extproc/kvevents/lookahead.py):
+        tokenize the rest after the answer and make its keys speculative entries of `endpoint`,
+        as the whole prompt's would have been at the decision."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop, no prepare: nothing stopped early
+            return
+        task = loop.create_task(self._finish_keys(parsed, held, endpoint))
+        self.finishing.add(task)
+        task.add_done_callback(self.finishing.discard)
+
+    async def _finish_keys(self, parsed: ParsedRequest, held: HeldPrefix, endpoint: str) -> None:
+        assert self.tokenizer is not None and self.precise is not None
+        try:
+            tokens = await self.tokenizer.encode_async(parsed, self.precise.max_tokens)
+            rest = held.chain.extend(tokens) if tokens else []
+        except Exception as exc:  # a background step: the decision stands, only the record is lost
+            log.debug("keying the rest of a prompt failed", extra={"error": type(exc).__name__})
+            return
+        if rest:
+            self.precise.record_later(endpoint, rest)
+            self.precise.flush()
+
+    async def close(self) -> None:
+        """Cancel the prompts still being keyed after their answers (shutdown)."""
+        for task in list(self.finishing):
+            task.cancel()
+        await asyncio.gather(*self.finishing, return_exceptions=True)
 
     def learns_response_id(self, ctx: RequestContext) -> bool:
         """True for a `/v1/responses` request while affinity hints are on: its response's id is read

@@ -296,6 +296,10 @@ class PreciseIndex:
                     del entries[key]
                     self._clear_bit(key, slot.bit)
 
+    def held_anywhere(self, key: int) -> bool:
+        """Some endpoint holds this block (in its events or as a speculative entry)."""
+        return bool(self._holders[key & SHARD_MASK].get(key, 0))
+
     def match(self, keys: Sequence[int], candidates: Iterable[str], now: float) -> dict[str, int]:
         """Leading keys held per candidate (best slot); candidates holding none are omitted."""
         self.expire(now)

@@ -7,7 +7,8 @@ Only full blocks of `block_size` tokens get a key, as only full blocks are reuse
 are ours, not the engine's: an event's blocks are re-hashed from its `token_ids`, chained from the
 key its `parent_block_hash` maps to, so the engine's hash algorithm and `PYTHONHASHSEED` never
 need to match ours (llm-d's "dual-key" design). Using the parent key as the xxh64 seed hashes each
-block in place, without concatenating bytes.
+block in place, without concatenating bytes. `KeyChain` keys a token list that grows (a prompt
+tokenized chunk by chunk) block by block, with the same keys as `chain_keys` over the whole list.
 """
 
 from __future__ import annotations
@@ -56,3 +57,32 @@ def chain_keys(tokens: Sequence[int], block_size: int, parent: int, max_blocks: 
         parent = _digest(data[off:off + width], parent)
         out.append(parent)
     return out
+
+
+class KeyChain:
+    """`chain_keys` of a token list that grows: each `extend` keys the full blocks not keyed yet.
+
+    `keys` equals `chain_keys(tokens, block_size, root, max_blocks)` of the longest list extended so far.
+    """
+
+    __slots__ = ("_root", "block_size", "keys", "max_blocks")
+
+    def __init__(self, block_size: int, root: int, max_blocks: int = 0) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.block_size, self.max_blocks, self._root = block_size, max_blocks, root
+        self.keys: list[int] = []
+
+    def extend(self, tokens: Sequence[int]) -> list[int]:
+        """Keys of `tokens`' full blocks past those keyed already (`tokens` starts with the tokens
+        extended before: the same prompt, longer), appended to `keys` and returned."""
+        keys, size = self.keys, self.block_size
+        done = len(keys)
+        end = len(tokens) // size
+        if self.max_blocks > 0:
+            end = min(end, self.max_blocks)
+        if end <= done:
+            return []
+        new = chain_keys(tokens[done * size:end * size], size, keys[-1] if keys else self._root)
+        keys.extend(new)
+        return new

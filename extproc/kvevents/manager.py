@@ -18,6 +18,8 @@ Request path (never waits on a subscriber):
   `vllm:cache_config_info` block_size, else the latest `BlockStored.block_size`, else
   `--kv-events-block-size`, 16), chained from the adapter's root when `model` is a LoRA adapter
   seen in events. A request with a `cache_salt` gets None (vLLM salts its first block).
+- `lookahead(model, cache_salt)`: the same keys, made while the prompt is tokenized, which stops
+  at the first block no endpoint holds (extproc/kvevents/lookahead.py).
 - `match(keys, candidates)` -> (blocks held per endpoint, endpoints whose events are usable).
   Usable = every rank heard from its publisher and none uncertain, and not *silent*: requests
   were routed to it `--kv-events-silence-timeout` (10 s) ago and no message came since (an idle
@@ -46,7 +48,8 @@ from extproc.config.settings import KVEventsConfig
 from extproc.core.background import supervise
 from extproc.core.datastore import Datastore, Endpoint
 from extproc.kvevents.index import PreciseIndex
-from extproc.kvevents.keys import chain_keys, key_seed
+from extproc.kvevents.keys import KeyChain, chain_keys, key_seed
+from extproc.kvevents.lookahead import HeldPrefix
 from extproc.kvevents.subscriber import Loss, SourceAddress, Subscriber, SubscriberStats
 
 log = logging.getLogger("prefix_epp.kvevents")
@@ -192,6 +195,14 @@ class KVEventsManager:
             return chain_keys(tokens, self.block_size, seed, self.config.max_blocks)
         except ValueError:
             return None
+
+    def lookahead(self, model: str, cache_salt: str) -> HeldPrefix | None:
+        """The predicate that stops tokenizing at the first block no endpoint holds
+        (extproc/kvevents/lookahead.py); None where the prompt gets no keys (a cache salt)."""
+        if cache_salt:
+            return None
+        seed = key_seed(model if model in self.index.lora_names else None)
+        return HeldPrefix(KeyChain(self.block_size, seed, self.config.max_blocks), self.index.held_anywhere)
 
     @property
     def max_tokens(self) -> int:

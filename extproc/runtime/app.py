@@ -232,6 +232,7 @@ class App:
         for task in self.background:
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
+        await self.director.close()
         if self.tokenizer is not None:
             await self.tokenizer.close()
         await asyncio.gather(*(s.stop(grace) for s in self._servers), return_exceptions=True)

@@ -45,6 +45,9 @@ class SchedulingRequest:
     priority: int = 0
     prefix_match: dict[str, int] = field(default_factory=dict)
     token_keys: list[int] | None = None  # None: no precise lookup for this request
+    # Where tokenizing stopped at the first block no endpoint holds (extproc/kvevents/lookahead.py):
+    # the whole prompt's blocks, estimated; else 0 (token_keys are all of them).
+    token_blocks: int = 0
     precise_match: dict[str, int] = field(default_factory=dict)
     precise_usable: frozenset[str] = frozenset()  # endpoints whose KV events are trustworthy now
     affinity_hash: int | None = None  # None: the request carries no affinity hint
@@ -68,6 +71,11 @@ class SchedulingRequest:
     @property
     def total_blocks(self) -> int:
         return len(self.block_hashes)
+
+    @property
+    def prompt_token_blocks(self) -> int:
+        """The precise match's denominator: the prompt's token blocks, keyed or estimated."""
+        return max(self.token_blocks, len(self.token_keys or ()))
 
 
 class Deferred(Protocol):

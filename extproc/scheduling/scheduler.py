@@ -195,7 +195,7 @@ class Scheduler:
             scores=[(ws.scorer.name, per_scorer[k][ci]) for k, ws in enumerate(self.scorers)],
             total=totals[ci],
             precise_matched=request.precise_match.get(chosen.key, 0) if precise is not None else None,
-            precise_total=len(token_keys),
+            precise_total=request.prompt_token_blocks,
             precise_usable=chosen.key in request.precise_usable,
             block_hashes=request.block_hashes if index is not None else (),
             affinity_hash=affinity,

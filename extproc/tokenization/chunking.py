@@ -5,7 +5,8 @@ that starts a word after a non-space character, where no piece of extproc/tokeni
 can straddle the cut, so the chunks' ids equal the whole text's. `BuiltinTokenizer` remembers each
 chunk's ids in an LRU (`CHUNK_CACHE_ENTRIES`, 4096 chunks, ids as uint32 arrays, ~8 KB each at
 most) keyed by the chunk's xxh3 hash: a shared system prompt or an earlier turn is tokenized once.
-`encode_async` yields to the event loop between two chunks it had to encode.
+`encode_async` yields to the event loop between two chunks it had to encode, and stops after a
+chunk where `more` (extproc/tokenization/local.py) says so.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import xxhash
 
 from extproc.request.openai import ParsedRequest
 from extproc.tokenization.builtin import encode
-from extproc.tokenization.local import LocalTokenizer
+from extproc.tokenization.local import LocalTokenizer, More
 
 CHUNK_CHARS = 2048
 CHUNK_CACHE_ENTRIES = 4096
@@ -89,23 +90,30 @@ class BuiltinTokenizer(LocalTokenizer):
     def _chunk(self, piece: str) -> array[int]:
         return self._cache.ids(piece, encode)
 
-    def encode_text(self, text: str, chat: bool) -> list[int]:
+    def encode_text(self, text: str, chat: bool, more: More | None = None) -> list[int]:
         out: list[int] = []
+        n = len(text)
         for start, end in chunk_bounds(text):
             out.extend(self._chunk(text[start:end]))
+            if more is not None and end < n and not more(out, end, n):
+                break
         return out
 
-    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0,
+                           more: More | None = None) -> list[int] | None:
         source = self._source(parsed, max_tokens)
         if not isinstance(source, tuple):
             return source
         text = source[0]
+        n = len(text)
         out: list[int] = []
         for start, end in chunk_bounds(text):
             misses = self.chunks_encoded
             out.extend(self._chunk(text[start:end]))
             if max_tokens > 0 and len(out) >= max_tokens:
                 return out[:max_tokens]
+            if more is not None and end < n and not more(out, end, n):
+                return out  # the rest cannot change the lookup (extproc/kvevents/lookahead.py)
             if self.chunks_encoded != misses:
                 await asyncio.sleep(0)  # let other streams run between two encoded chunks
         return out

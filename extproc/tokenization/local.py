@@ -15,13 +15,16 @@ extproc/tokenization/__init__.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extproc.request.openai import Api, ParsedRequest
 from extproc.tokenization.builtin import render_chat
 
 log = logging.getLogger("prefix_epp.tokenize")
+# `more(ids so far, characters done, characters in all)`: a chunked tokenizer asks it after each
+# chunk but the last and stops where it says False (extproc/kvevents/lookahead.py).
+More = Callable[[Sequence[int], int, int], bool]
 PREFIX_CHARS_PER_TOKEN = (6, 16)  # tried in order; about 4 on English text, at most 16 (builtin)
 TRUNCATION_MARGIN = 8
 
@@ -54,20 +57,21 @@ class LocalTokenizer:
     name = "local"
     is_async = False
 
-    def encode_text(self, text: str, chat: bool) -> list[int]:
+    def encode_text(self, text: str, chat: bool, more: More | None = None) -> list[int]:
         raise NotImplementedError
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
                tools: Sequence[Any] | None = None) -> str:
         return render_chat(messages, add_generation_prompt)  # the builtin template renders no tools
 
-    def encode(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
-        """Token ids of the prompt (its first `max_tokens` when > 0), None when not tokenizable."""
+    def encode(self, parsed: ParsedRequest, max_tokens: int = 0, more: More | None = None) -> list[int] | None:
+        """Token ids of the prompt (its first `max_tokens` when > 0), None when not tokenizable;
+        fewer where a chunked tokenizer stopped at `more`'s word."""
         source = self._source(parsed, max_tokens)
         if not isinstance(source, tuple):
             return source
         try:
-            return self._encode_prefix(*source, max_tokens)
+            return self._encode_prefix(*source, max_tokens, more)
         except (ValueError, TypeError) as exc:
             log.debug("tokenization failed", extra={"error": type(exc).__name__})
             return None
@@ -86,19 +90,29 @@ class LocalTokenizer:
             return prompt, False
         return prompt[:max_tokens] if prompt is not None and max_tokens > 0 else prompt
 
-    def _encode_prefix(self, text: str, chat: bool, max_tokens: int) -> list[int]:
+    def _encode_prefix(self, text: str, chat: bool, max_tokens: int, more: More | None = None) -> list[int]:
+        stopped = False
+        if more is not None:
+            ask = more
+
+            def more(ids: Sequence[int], done: int, total: int) -> bool:
+                nonlocal stopped
+                stopped = not ask(ids, done, total)
+                return not stopped
+
         for chars in PREFIX_CHARS_PER_TOKEN if max_tokens > 0 else ():
             limit = max_tokens * chars
             if len(text) <= limit:
                 break
-            ids = self.encode_text(text[:limit], chat)
-            if len(ids) >= max_tokens + TRUNCATION_MARGIN:
+            ids = self.encode_text(text[:limit], chat, more)
+            if stopped or len(ids) >= max_tokens + TRUNCATION_MARGIN:  # `more` said stop, or enough
                 return ids[:max_tokens]
-        ids = self.encode_text(text, chat)
+        ids = self.encode_text(text, chat, more)
         return ids[:max_tokens] if max_tokens > 0 else ids
 
-    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
-        return self.encode(parsed, max_tokens)
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0,
+                           more: More | None = None) -> list[int] | None:
+        return self.encode(parsed, max_tokens, more)
 
     async def close(self) -> None:
         return None

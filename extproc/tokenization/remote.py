@@ -17,7 +17,7 @@ import aiohttp
 
 from extproc.core.datastore import Datastore
 from extproc.request.openai import Api, ParsedRequest
-from extproc.tokenization.local import chat_input, completion_input, is_token_list, log
+from extproc.tokenization.local import More, chat_input, completion_input, is_token_list, log
 
 RENDER_PATHS = {Api.COMPLETIONS: "/v1/completions/render", Api.CHAT: "/v1/chat/completions/render",
                 Api.MESSAGES: "/v1/messages/render", Api.RESPONSES: "/v1/responses/render"}
@@ -58,7 +58,9 @@ class RemoteTokenizer:
             payload = {"model": parsed.model, "prompt": prompt}
         return "/tokenize", payload
 
-    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0,
+                           more: More | None = None) -> list[int] | None:
+        """The engine's tokens (`more` is not asked: the engine tokenizes the whole prompt)."""
         ask = self._request(parsed)
         if not isinstance(ask, tuple):
             return ask[:max_tokens] if ask is not None and max_tokens > 0 else ask

@@ -42,7 +42,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from extproc.request.openai import ParsedRequest
 from extproc.tokenization.builtin import render_chat
 from extproc.tokenization.chunking import CHUNK_CACHE_ENTRIES, CHUNK_CHARS, ChunkCache, chunk_bounds
-from extproc.tokenization.local import LocalTokenizer, log
+from extproc.tokenization.local import LocalTokenizer, More, log
 
 # vLLM's content-format detection, in short: the template loops over a message's content parts.
 _ITERATES_CONTENT = re.compile(r"for\s+\w+\s+in\s+\w+(\[['\"]content['\"]\]|\.content)")
@@ -156,13 +156,16 @@ class HFTokenizer(LocalTokenizer):
         ids: list[int] = self._tok.encode(piece, add_special_tokens=False).ids
         return ids
 
-    def encode_text(self, text: str, chat: bool) -> list[int]:
+    def encode_text(self, text: str, chat: bool, more: More | None = None) -> list[int]:
         if not self.chunked or len(text) <= CHUNK_CHARS or self._wrap is None:
             return self._whole(text, chat)
         before, after = ([], []) if chat else self._wrap
         ids = list(before)
+        n = len(text)
         for start, end in chunk_bounds(text):
             ids.extend(self._chunks.ids(text[start:end], self._piece))
+            if more is not None and end < n and not more(ids, end, n):
+                return ids  # a prefix of the ids: no closing special tokens, nothing to verify
         ids.extend(after)
         if self._verify_left > 0:
             self._verify_left -= 1
@@ -174,11 +177,12 @@ class HFTokenizer(LocalTokenizer):
                 return whole
         return ids
 
-    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0) -> list[int] | None:
+    async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0,
+                           more: More | None = None) -> list[int] | None:
         # `tokenizers` releases the GIL while it encodes: a worker thread keeps the loop free.
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.encode, parsed, max_tokens)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.encode, parsed, max_tokens, more)
 
     async def close(self) -> None:
         if self._pool is not None:

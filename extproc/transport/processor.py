@@ -311,6 +311,7 @@ class StreamProcessor:
             self._model = ctx.parsed.model
         ctx.parsed = None
         ctx.tokens = None
+        ctx.lookahead = None
 
     def _route_bodiless(self) -> pb.ProcessingResponse:
         self._intake.release()

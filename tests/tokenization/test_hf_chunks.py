@@ -74,3 +74,27 @@ def test_a_tokenizer_whose_chunks_differ_is_caught_and_encoded_whole(tmp_path: P
     prompts = [text(rng, 2000) for _ in range(3)]
     assert [tok.encode_text(p, False) for p in prompts] == [whole.encode(p).ids for p in prompts]
     assert not tok.chunked
+
+
+async def test_a_chunked_tokenizer_json_stops_where_the_lookahead_says(tmp_path: Path) -> None:
+    """In the worker thread as in line: after the chunk whose last block nobody holds, a prefix of
+    the whole text's ids (BOS first, no EOS), and every id where nothing stops."""
+    from extproc.kvevents.keys import KeyChain, chain_keys
+    from extproc.kvevents.lookahead import HeldPrefix
+    from extproc.request.openai import Api, parse_request
+
+    path = byte_level_bpe(tmp_path)
+    tok, whole = HFTokenizer(str(path)), Tokenizer.from_file(str(path))
+    rng = random.Random(11)
+    prompt = text(rng, 6000)
+    ids = whole.encode(prompt).ids
+    keys = chain_keys(ids, 16, 1)
+    held = set(keys[: len(keys) // 2])
+    parsed = parse_request(Api.COMPLETIONS, json.dumps({"model": "m", "prompt": prompt}).encode())
+    more = HeldPrefix(KeyChain(16, 1), held.__contains__)
+    got = await tok.encode_async(parsed, 0, more)
+    assert got is not None and more.stopped and got == ids[: len(got)] and got[0] == 0
+    assert len(ids) // 2 < len(got) < len(ids) - 100
+    everything = HeldPrefix(KeyChain(16, 1), set(keys).__contains__)
+    assert await tok.encode_async(parsed, 0, everything) == ids and not everything.stopped
+    await tok.close()

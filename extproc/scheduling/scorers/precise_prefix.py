@@ -1,7 +1,10 @@
 """precise-prefix-cache-scorer: the share of the prompt's token blocks an endpoint's engine holds.
 
-score(e) = precise_match(e) / len(token_keys)    when e's KV events are usable
+score(e) = precise_match(e) / token_blocks      when e's KV events are usable
          = prefix_match(e) / total_blocks         otherwise (the approximate index, as prefix-cache-scorer)
+
+token_blocks: the prompt's token blocks (`prompt_token_blocks`: its keys, or, where tokenizing
+stopped at the first block no endpoint holds, the whole prompt's estimated).
 
 `precise_match` (leading token blocks the engine reported storing, plus speculative entries of
 requests just routed there) and `precise_usable` (endpoints whose event stream is connected,
@@ -29,7 +32,7 @@ class PrecisePrefixScorer:
     approximate_use = "fallback"  # extproc/scheduling/interfaces.py's Scorer
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        keys = len(request.token_keys or ())
+        keys = request.prompt_token_blocks if request.token_keys else 0
         usable = request.precise_usable if keys else frozenset()
         precise, approx = request.precise_match, request.prefix_match
         blocks = request.total_blocks

@@ -130,7 +130,7 @@ class PredictedTtftScorer:
                 self.index.set_capacity(ep.key, capacity)
 
     def _cached(self, request: SchedulingRequest, ep: Endpoint, tokens: float, prompt_bytes: int) -> float:
-        keys = len(request.token_keys or ())
+        keys = request.prompt_token_blocks if request.token_keys else 0
         if self.precise and keys and ep.key in request.precise_usable:
             return tokens * request.precise_match.get(ep.key, 0) / keys
         matched = request.prefix_match.get(ep.key, 0)
