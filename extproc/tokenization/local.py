@@ -23,7 +23,8 @@ from extproc.tokenization.builtin import render_chat
 
 log = logging.getLogger("prefix_epp.tokenize")
 # `more(ids so far, characters done, characters in all)`: a chunked tokenizer asks it after each
-# chunk but the last and stops where it says False (extproc/kvevents/lookahead.py).
+# chunk it had to encode (not found in its cache), but the last, and stops where it says False
+# (extproc/kvevents/lookahead.py).
 More = Callable[[Sequence[int], int, int], bool]
 PREFIX_CHARS_PER_TOKEN = (6, 16)  # tried in order; about 4 on English text, at most 16 (builtin)
 TRUNCATION_MARGIN = 8

@@ -163,8 +163,10 @@ class HFTokenizer(LocalTokenizer):
         ids = list(before)
         n = len(text)
         for start, end in chunk_bounds(text):
+            misses = self._chunks.misses
             ids.extend(self._chunks.ids(text[start:end], self._piece))
-            if more is not None and end < n and not more(ids, end, n):
+            # Asked after an encoded chunk only, as the builtin tokenizer does (chunking.py).
+            if more is not None and end < n and self._chunks.misses != misses and not more(ids, end, n):
                 return ids  # a prefix of the ids: no closing special tokens, nothing to verify
         ids.extend(after)
         if self._verify_left > 0:

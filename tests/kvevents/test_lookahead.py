@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 
 import orjson
@@ -17,7 +18,7 @@ from extproc.kvevents.wire import Stored
 from extproc.request.openai import Api, parse_request
 from extproc.runtime.app import App
 from extproc.tokenization.builtin import encode
-from extproc.tokenization.chunking import CHUNK_CHARS, BuiltinTokenizer
+from extproc.tokenization.chunking import CHUNK_CHARS, BuiltinTokenizer, chunk_bounds
 
 BLOCK = 16
 WORDS = ["the ", "model ", "server ", "keeps ", "each ", "block ", "of ", "sixteen ", "tokens ", "it ", "computed ",
@@ -64,6 +65,23 @@ async def test_tokenizing_stops_after_the_chunk_whose_last_block_nobody_holds() 
     everything = HeldPrefix(KeyChain(BLOCK, 7), set(keys).__contains__)
     ids = await BuiltinTokenizer().encode_async(parsed, 0, everything)
     assert ids == full and not everything.stopped and everything.keys(ids) == keys and everything.blocks == len(keys)
+
+
+async def test_only_chunks_that_had_to_be_encoded_are_followed_by_a_question() -> None:
+    """A chunk from the cache costs little to keep going: only encoded ones are asked about."""
+    text = prose(6, 6 * CHUNK_CHARS)
+    parsed = parse_request(Api.COMPLETIONS, orjson.dumps({"model": "m", "prompt": text}))
+    asked: list[int] = []
+
+    def more(ids: Sequence[int], done: int, total: int) -> bool:
+        asked.append(done)
+        return True
+
+    tok = BuiltinTokenizer()
+    await tok.encode_async(parsed, 0, more)
+    assert len(asked) == len(list(chunk_bounds(text))) - 1  # every chunk but the last, all encoded
+    asked.clear()
+    assert await tok.encode_async(parsed, 0, more) == encode(text) and asked == []  # all from the cache
 
 
 def precise_app(endpoints: int) -> App:
