@@ -6,8 +6,8 @@ engine's events or as a speculative entry: the tokens after it cannot change the
 tokenizer (extproc/tokenization/chunking.py, tokenizer_json.py) asks `HeldPrefix`, after each
 chunk it had to encode (one from its cache costs little to keep going), whether to go on: it keys
 the chunk's new full blocks (`KeyChain`) and answers no once the last of them is held nowhere.
-One lookup a chunk, not one a block (each a likely cache miss in a
-map of millions of keys): a block held nowhere before a held last one only means one chunk more.
+One lookup a chunk, not one a block (each a likely cache miss in a map of millions of keys): a
+block held nowhere before a held last one only means one chunk more.
 The decision is then made on the keys so far, with the prompt's length estimated from the share
 of its text tokenized (`estimated_tokens`); the director tokenizes the rest after the answer and
 makes its keys speculative entries of the chosen endpoint, as the whole prompt's keys would have
