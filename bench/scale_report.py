@@ -82,10 +82,11 @@ def decision_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
     lines = ["## Decisions in process (`--part decision`, bench/scale_decide.py)", "",
              f"Repetitions: {_reps(rows)}; mean (min-max) of each repetition's p50, p99 and CPU per request. "
              "Index at capacity (approximate: 31,250 blocks per endpoint; precise: 32,768 per endpoint). "
-             "Precise includes tokenization with the shared half of the prompt cached. p50 and p99: from the body "
-             "to the decision; one turn of the event loop between requests, where the index records made "
-             "after the answer run (extproc/scheduling/scheduler.py), so CPU per request counts them and "
-             "the latency does not.", "",
+             "Precise includes tokenization with the shared half of the prompt cached, as far as the first "
+             "block no endpoint holds (extproc/kvevents/lookahead.py). p50 and p99: from the body "
+             "to the decision; the event loop runs until idle between requests, where what is done after "
+             "the answer runs (the index records, extproc/scheduling/scheduler.py; the rest of a prompt "
+             "tokenized and recorded), so CPU per request counts it and the latency does not.", "",
              "| mode | endpoints | tokens | body KB | p50 ms | p99 ms | CPU ms/request |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
