@@ -56,6 +56,9 @@ from extproc.tokenization.factory import Tokenizer
 
 Admission = Callable[[SchedulingRequest, Sequence[Endpoint]], None]
 log = logging.getLogger("prefix_epp.director")
+# Prompts at most being keyed after their answers (each holds its parsed body until done): beyond,
+# a prompt keeps the speculative keys up to where its tokenizing stopped.
+MAX_KEYING = 64
 
 
 class PreciseKeys(Protocol):
@@ -273,6 +276,8 @@ class Director:
         """Tokenizing stopped at the first block no endpoint held (extproc/kvevents/lookahead.py):
         tokenize the rest after the answer and make its keys speculative entries of `endpoint`,
         as the whole prompt's would have been at the decision."""
+        if len(self.finishing) >= MAX_KEYING:
+            return  # overloaded: the keys up to the stop stand, the engine's events bring the rest
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop, no prepare: nothing stopped early
@@ -289,7 +294,7 @@ class Director:
         except Exception as exc:  # a background step: the decision stands, only the record is lost
             log.debug("keying the rest of a prompt failed", extra={"error": type(exc).__name__})
             return
-        if rest:
+        if rest and self.datastore.get(endpoint) is not None:  # not for an endpoint that left meanwhile
             self.precise.record_later(endpoint, rest)
             self.precise.flush()
 

@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import orjson
 
@@ -138,3 +139,30 @@ async def test_closing_the_director_cancels_the_prompts_still_being_keyed() -> N
     assert pending
     await app.director.close()
     assert all(t.cancelled() for t in pending) and not app.director.finishing
+
+
+async def test_keying_after_the_answer_is_bounded_and_skips_an_endpoint_that_left(monkeypatch: Any) -> None:
+    import extproc.control.director as director_module
+
+    monkeypatch.setattr(director_module, "MAX_KEYING", 1)
+    app = precise_app(2)
+    manager = app.kv_events
+    assert manager is not None
+    prompts = [prose(10 + i, 6 * CHUNK_CHARS) for i in range(2)]
+    decisions = []
+    for i, prompt in enumerate(prompts):
+        ctx = RequestContext(path="/v1/completions", request_id=f"r{i}")
+        body = orjson.dumps({"model": "m", "prompt": prompt})
+        await app.director.prepare(ctx, body)
+        decisions.append(app.director.route(ctx, body))
+    assert len(app.director.finishing) == 1  # the second prompt found the one place taken
+    chosen = decisions[0].primary.key
+    app.datastore.remove(chosen)
+    while app.director.finishing:
+        await asyncio.sleep(0)
+    # No slot is made again for the endpoint gone from the pool (its entries were purged with it),
+    # and the prompt that found no place keeps only the keys made before its answer.
+    assert chosen not in manager.index._speculative
+    keys = chain_keys(encode(prompts[1]), BLOCK, key_seed(None))
+    other = decisions[1].primary.key
+    assert other != chosen and 0 < manager.match(keys, [other])[0][other] < len(keys) // 2
