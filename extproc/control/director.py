@@ -56,9 +56,12 @@ from extproc.tokenization.factory import Tokenizer
 
 Admission = Callable[[SchedulingRequest, Sequence[Endpoint]], None]
 log = logging.getLogger("prefix_epp.director")
-# Prompts at most being keyed after their answers (each holds its parsed body until done): beyond,
-# a prompt keeps the speculative keys up to where its tokenizing stopped.
-MAX_KEYING = 64
+# Prompts at most being keyed after their answers, and their prompt bytes in all: each holds its
+# parsed body for the few milliseconds that takes. Beyond, a prompt keeps the speculative keys up
+# to where its tokenizing stopped (a request right behind with the same prompt still matches
+# them, and the engine's events bring the rest).
+MAX_KEYING = 16
+MAX_KEYING_BYTES = 16 * 1024 * 1024
 
 
 class PreciseKeys(Protocol):
@@ -143,6 +146,7 @@ class Director:
         self.feedback: Report | None = None  # closed-loop reporter (EppMetrics.observe_cached_prediction)
         self.usage_sampler = UsageSampler(config.usage_sample_rate)
         self.finishing: set[asyncio.Task[None]] = set()  # prompts keyed after their answers
+        self._keying_bytes = 0  # their prompt bytes
 
     def candidates(self, ctx: RequestContext) -> list[Endpoint]:
         endpoints: list[Endpoint] = list(self.datastore.snapshot())
@@ -194,7 +198,7 @@ class Director:
         decision = self.scheduler.schedule(request, candidates)
         self.datastore.acquire(decision.primary.key)
         if held is not None and request.token_keys and self.scheduler.precise is not None:
-            self._finish_keys_later(parsed, held, decision.primary.key)
+            self._finish_keys_later(parsed, held, decision.primary.key, request.prompt_bytes)
         return decision
 
     def route_bodiless(self, ctx: RequestContext) -> Endpoint:
@@ -272,11 +276,11 @@ class Director:
                 return None
         return self.precise.keys_for(parsed.model, parsed.cache_salt, tokens)
 
-    def _finish_keys_later(self, parsed: ParsedRequest, held: HeldPrefix, endpoint: str) -> None:
+    def _finish_keys_later(self, parsed: ParsedRequest, held: HeldPrefix, endpoint: str, size: int) -> None:
         """Tokenizing stopped at the first block no endpoint held (extproc/kvevents/lookahead.py):
         tokenize the rest after the answer and make its keys speculative entries of `endpoint`,
-        as the whole prompt's would have been at the decision."""
-        if len(self.finishing) >= MAX_KEYING:
+        as the whole prompt's would have been at the decision. `size`: the prompt's bytes."""
+        if len(self.finishing) >= MAX_KEYING or self._keying_bytes + size > MAX_KEYING_BYTES:
             return  # overloaded: the keys up to the stop stand, the engine's events bring the rest
         try:
             loop = asyncio.get_running_loop()
@@ -284,7 +288,13 @@ class Director:
             return
         task = loop.create_task(self._finish_keys(parsed, held, endpoint))
         self.finishing.add(task)
-        task.add_done_callback(self.finishing.discard)
+        self._keying_bytes += size
+
+        def done(t: asyncio.Task[None]) -> None:
+            self.finishing.discard(t)
+            self._keying_bytes -= size
+
+        task.add_done_callback(done)
 
     async def _finish_keys(self, parsed: ParsedRequest, held: HeldPrefix, endpoint: str) -> None:
         assert self.tokenizer is not None and self.precise is not None

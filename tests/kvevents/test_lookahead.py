@@ -156,6 +156,13 @@ async def test_keying_after_the_answer_is_bounded_and_skips_an_endpoint_that_lef
         await app.director.prepare(ctx, body)
         decisions.append(app.director.route(ctx, body))
     assert len(app.director.finishing) == 1  # the second prompt found the one place taken
+    monkeypatch.setattr(director_module, "MAX_KEYING", 2)
+    monkeypatch.setattr(director_module, "MAX_KEYING_BYTES", len(prompts[0]) + 100)
+    ctx = RequestContext(path="/v1/completions", request_id="r2")
+    body = orjson.dumps({"model": "m", "prompt": prose(12, 6 * CHUNK_CHARS)})
+    await app.director.prepare(ctx, body)
+    app.director.route(ctx, body)
+    assert len(app.director.finishing) == 1  # a place, but not the bytes
     chosen = decisions[0].primary.key
     app.datastore.remove(chosen)
     while app.director.finishing:
