@@ -94,11 +94,11 @@ class LocalTokenizer:
     def _encode_prefix(self, text: str, chat: bool, max_tokens: int, more: More | None = None) -> list[int]:
         stopped = False
         if more is not None:
-            ask = more
+            ask, whole = more, len(text)
 
             def more(ids: Sequence[int], done: int, total: int) -> bool:
                 nonlocal stopped
-                stopped = not ask(ids, done, total)
+                stopped = not ask(ids, done, whole)  # of the whole text, not of the prefix tried
                 return not stopped
 
         for chars in PREFIX_CHARS_PER_TOKEN if max_tokens > 0 else ():

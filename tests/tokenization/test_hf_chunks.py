@@ -97,4 +97,11 @@ async def test_a_chunked_tokenizer_json_stops_where_the_lookahead_says(tmp_path:
     assert len(ids) // 2 < len(got) < len(ids) - 100
     everything = HeldPrefix(KeyChain(16, 1), set(keys).__contains__)
     assert await tok.encode_async(parsed, 0, everything) == ids and not everything.stopped
+    # Capped (a prefix of the text is tried first): the estimate is still of the whole prompt.
+    capped = HeldPrefix(KeyChain(16, 1), set(keys[:20]).__contains__)
+    await tok.close()
+    tok = HFTokenizer(str(path))  # nothing cached: every chunk is encoded, and asked about
+    got = await tok.encode_async(parsed, 1000, capped)
+    assert got is not None and capped.stopped and got == ids[: len(got)] and len(got) < 1000
+    assert abs(capped.estimated_tokens - len(ids)) < 0.1 * len(ids)
     await tok.close()
