@@ -187,22 +187,28 @@ class KVEventsManager:
         self.block_size = block_size or self.index.last_block_size or self.config.block_size
 
     # -- request path ------------------------------------------------------------------------
-    def keys_for(self, model: str, cache_salt: str, tokens: Sequence[int]) -> list[int] | None:
+    def _root(self, model: str, cache_salt: str) -> int | None:
+        """The chain's root for a request; None with a cache salt (vLLM salts its first block)."""
         if cache_salt:
             return None
-        seed = key_seed(model if model in self.index.lora_names else None)
+        return key_seed(model if model in self.index.lora_names else None)
+
+    def keys_for(self, model: str, cache_salt: str, tokens: Sequence[int]) -> list[int] | None:
+        root = self._root(model, cache_salt)
+        if root is None:
+            return None
         try:
-            return chain_keys(tokens, self.block_size, seed, self.config.max_blocks)
+            return chain_keys(tokens, self.block_size, root, self.config.max_blocks)
         except ValueError:
             return None
 
     def lookahead(self, model: str, cache_salt: str) -> HeldPrefix | None:
         """The predicate that stops tokenizing at the first block no endpoint holds
         (extproc/kvevents/lookahead.py); None where the prompt gets no keys (a cache salt)."""
-        if cache_salt:
+        root = self._root(model, cache_salt)
+        if root is None:
             return None
-        seed = key_seed(model if model in self.index.lora_names else None)
-        return HeldPrefix(KeyChain(self.block_size, seed, self.config.max_blocks), self.index.held_anywhere)
+        return HeldPrefix(KeyChain(self.block_size, root, self.config.max_blocks), self.index.held_anywhere)
 
     @property
     def max_tokens(self) -> int:

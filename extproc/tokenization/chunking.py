@@ -61,6 +61,18 @@ class ChunkCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def extend(self, out: list[int], text: str, encode_piece: Callable[[str], list[int]],
+               more: More | None = None) -> bool:
+        """Append the ids of `text`, chunk by chunk, to `out`; after each chunk it had to encode,
+        but the last, ask `more` and stop where it says no (then True: `out` holds a prefix)."""
+        n = len(text)
+        for start, end in chunk_bounds(text):
+            misses = self.misses
+            out.extend(self.ids(text[start:end], encode_piece))
+            if more is not None and end < n and self.misses != misses and not more(out, end, n):
+                return True
+        return False
+
     def ids(self, piece: str, encode_piece: Callable[[str], list[int]]) -> array[int]:
         key = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"))
         with self._lock:
@@ -95,12 +107,7 @@ class BuiltinTokenizer(LocalTokenizer):
 
     def encode_text(self, text: str, chat: bool, more: More | None = None) -> list[int]:
         out: list[int] = []
-        n = len(text)
-        for start, end in chunk_bounds(text):
-            misses = self._cache.misses
-            out.extend(self._chunk(text[start:end]))
-            if more is not None and end < n and self._cache.misses != misses and not more(out, end, n):
-                break
+        self._cache.extend(out, text, encode, more)
         return out
 
     async def encode_async(self, parsed: ParsedRequest, max_tokens: int = 0,

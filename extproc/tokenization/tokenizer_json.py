@@ -41,7 +41,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from extproc.request.openai import ParsedRequest
 from extproc.tokenization.builtin import render_chat
-from extproc.tokenization.chunking import CHUNK_CACHE_ENTRIES, CHUNK_CHARS, ChunkCache, chunk_bounds
+from extproc.tokenization.chunking import CHUNK_CACHE_ENTRIES, CHUNK_CHARS, ChunkCache
 from extproc.tokenization.local import LocalTokenizer, More, log
 
 # vLLM's content-format detection, in short: the template loops over a message's content parts.
@@ -161,13 +161,8 @@ class HFTokenizer(LocalTokenizer):
             return self._whole(text, chat)
         before, after = ([], []) if chat else self._wrap
         ids = list(before)
-        n = len(text)
-        for start, end in chunk_bounds(text):
-            misses = self._chunks.misses
-            ids.extend(self._chunks.ids(text[start:end], self._piece))
-            # Asked after an encoded chunk only, as the builtin tokenizer does (chunking.py).
-            if more is not None and end < n and self._chunks.misses != misses and not more(ids, end, n):
-                return ids  # a prefix of the ids: no closing special tokens, nothing to verify
+        if self._chunks.extend(ids, text, self._piece, more):
+            return ids  # stopped at `more`'s word: a prefix of the ids, no closing tokens, nothing to verify
         ids.extend(after)
         if self._verify_left > 0:
             self._verify_left -= 1
