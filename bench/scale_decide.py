@@ -13,7 +13,8 @@ and CPU per request (process CPU over the measured loop / requests).
 - precise: the KV-events index at its default capacity per endpoint (32,768 blocks) filled by
   BlockStored events; each routed request's blocks (its tokens as far as the lookup reaches,
   tokenized before the clock starts) are then stored on the chosen endpoint as its engine would
-  report them. Event streams are treated as connected (no ZeroMQ here).
+  report them. Event streams are treated as connected (no ZeroMQ here): each endpoint has a
+  subscriber state that heard from its publisher, so the real usability check runs.
 
 `tokenize(tokens)`: the builtin tokenizer on one prompt of `tokens` tokens, cold (a new tokenizer)
 and with all but its last 4,096 tokens cached (an earlier turn), uncapped and at the precise
@@ -49,6 +50,7 @@ from extproc.request.openai import Api, parse_request
 from extproc.runtime.app import App
 from extproc.tokenization.builtin import encode
 from extproc.tokenization.chunking import BuiltinTokenizer
+from testkit.kvevents import heard_from
 
 _VOCAB = random.Random(0)
 # Words of 1-12 letters (about 1.16 builtin tokens each) from a 5,000-word vocabulary.
@@ -120,7 +122,7 @@ def decision_cells(endpoints: int, mode: str, lengths: Sequence[int], requests: 
     fill_approximate(app.index, keys)
     if app.kv_events is not None:
         manager = app.kv_events
-        manager.usable = lambda endpoint, now: True  # type: ignore[method-assign]
+        heard_from(manager, keys, now)  # usable by the manager's own check
         fill_precise(manager.index, keys, kv.index_capacity)
     fill_s = time.perf_counter() - t0
     rng = random.Random(3)
@@ -140,6 +142,7 @@ def decision_cells(endpoints: int, mode: str, lengths: Sequence[int], requests: 
             n = len(tokens) // BLOCK * BLOCK
             app.kv_events.index.apply((decision.primary.key, 0), Stored(
                 [rng.getrandbits(63) for _ in range(n // BLOCK)], None, tokens[:n].tolist(), BLOCK))
+            app.kv_events._heard(decision.primary.key)  # as its subscriber does on each message
         # The loop runs until this is its only task between requests (they are not back to back):
         # what the picker does after an answer (the prefix-index records, keying the rest of a
         # prompt whose tokenizing stopped early) runs here, in CPU per request, not in the time to

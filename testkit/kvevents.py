@@ -10,6 +10,8 @@
   `subscribed` until every publisher has a subscriber, `wait_for` until any predicate holds.
 - `kv_event_batches(n)`: `n` vLLM-like event batches as the simulator publishes them, one
   `blocks`-block prompt stored in each (the index tests and `bench.components`).
+- `heard_from(manager, endpoints, now)`: each endpoint's event stream counted as connected and in
+  order without ZeroMQ (in-process decisions): the manager's own usability check then passes.
 - `RawPublisher`: a bare XPUB socket (it sees each subscription arrive) for publishers that
   misbehave: any frames, any sequence; `stored_batch` is one BlockStored batch of chosen size.
 """
@@ -19,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -30,7 +33,7 @@ import zmq.asyncio
 from extproc.config.settings import KVEventsConfig
 from extproc.core.datastore import Datastore, EndpointSpec
 from extproc.kvevents.manager import KVEventsManager
-from extproc.kvevents.subscriber import Loss
+from extproc.kvevents.subscriber import Loss, SourceState
 from extproc.tokenization.builtin import encode
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.kv_publisher import encode_batch
@@ -159,3 +162,10 @@ class RawPublisher:
 
     def close(self) -> None:
         self.sock.close(linger=0)
+
+
+def heard_from(manager: KVEventsManager, endpoints: Iterable[str], now: float) -> None:
+    """Each endpoint's stream as its subscriber sees it once a publisher in order was heard at
+    `now` (no socket: the request path reads only the state)."""
+    for key in endpoints:
+        manager._subs[key] = [SimpleNamespace(state=SourceState(next_seq=1, heard_at=now, reason=""))]  # type: ignore[list-item]

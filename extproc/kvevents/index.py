@@ -296,6 +296,10 @@ class PreciseIndex:
                     del entries[key]
                     self._clear_bit(key, slot.bit)
 
+    def next_expiry(self) -> float | None:
+        """When the oldest speculative record comes due (clock seconds), None without one."""
+        return self._queue[0][0] if self._queue else None
+
     def held_anywhere(self, key: int) -> bool:
         """Some endpoint holds this block (in its events or as a speculative entry)."""
         return bool(self._holders[key & SHARD_MASK].get(key, 0))

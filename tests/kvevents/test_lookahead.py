@@ -20,6 +20,7 @@ from extproc.request.openai import Api, parse_request
 from extproc.runtime.app import App
 from extproc.tokenization.builtin import encode
 from extproc.tokenization.chunking import CHUNK_CHARS, BuiltinTokenizer, chunk_bounds
+from testkit.kvevents import heard_from
 
 BLOCK = 16
 WORDS = ["the ", "model ", "server ", "keeps ", "each ", "block ", "of ", "sixteen ", "tokens ", "it ", "computed ",
@@ -94,7 +95,7 @@ def precise_app(endpoints: int) -> App:
         app.datastore.set_metrics(ep.key, ModelServerMetrics(running=1, block_size=BLOCK, num_gpu_blocks=4096,
                                                              ok=True))
     assert app.kv_events is not None
-    app.kv_events.usable = lambda endpoint, now: True  # type: ignore[method-assign]
+    heard_from(app.kv_events, [ep.key for ep in app.datastore.snapshot()], app.kv_events.now())
     return app
 
 

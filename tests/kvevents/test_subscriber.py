@@ -25,6 +25,7 @@ from testkit.kvevents import (
     agrees,
     complete,
     events_stack,
+    heard_from,
     post,
     precise_blocks,
     sim_blocks,
@@ -243,3 +244,45 @@ def test_a_speculative_record_made_later_is_seen_by_the_next_match() -> None:
     assert matched == {"10.0.0.1:8000": 3} and told == ["10.0.0.1:8000"] * 2
     now[0] = 102.1  # the TTL counts from when the records were queued (100.0), not made
     assert m.match([5, 6, 7], ["10.0.0.1:8000"])[0] == {}
+
+
+async def test_speculative_entries_are_dropped_when_due_between_decisions() -> None:
+    """A timer drops each record's entries once they come due, no lookup needed (a decision's
+    lookup then finds none to drop); a later record keeps its own time."""
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
+    ttl = 0.1
+    m = KVEventsManager(replace(FAST, speculative_ttl_s=ttl), ds)  # run() is not started: no maintenance
+    ep = "10.0.0.1:8000"
+    m.record_later(ep, [5, 6, 7])
+    m.flush()
+    first = m.now()
+    assert m.index.speculative(ep) == 3 and m.index.next_expiry() == pytest.approx(first + ttl, abs=0.01)
+    await wait_for(lambda: m.now() >= first + ttl / 2)
+    m.record_later(ep, [8, 9])
+    m.flush()
+    await wait_for(lambda: m.index.speculative(ep) == 2)  # the first record's three went, by the timer
+    assert m.now() >= first + ttl and m.index.next_expiry() is not None
+    await wait_for(lambda: m.index.speculative(ep) == 0 and m.index.next_expiry() is None)
+
+
+def test_usable_among_applies_every_rule_to_each_candidate() -> None:
+    """One pass over the candidates: every rank heard and in order (an uncertain one once its
+    resync window of fresh events passed), not replaying, not silent after being routed to."""
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in range(1, 8)])
+    now = [100.0]
+    cfg = replace(FAST, resync_window_s=1.0, silence_timeout_s=5.0, speculative_ttl_s=0.0)
+    m = KVEventsManager(cfg, ds, clock=lambda: now[0])
+    eps = [f"10.0.0.{i}:8000" for i in range(1, 8)]
+    heard_from(m, eps[:6], 90.0)
+    m._subs[eps[1]][0].state.heard_at = None  # never heard
+    m._subs[eps[2]][0].state.replaying = True
+    m._subs[eps[3]][0].state.uncertain_since, m._subs[eps[3]][0].state.fresh_since = 98.0, 99.5  # window not passed
+    m._subs[eps[4]][0].state.uncertain_since, m._subs[eps[4]][0].state.fresh_since = 97.0, 98.5  # passed: usable again
+    m._awaiting[eps[5]] = 94.0  # routed to 6 s ago, nothing heard since: silent
+    # eps[6]: no subscriber at all
+    assert m.usable_among(eps, now[0]) == frozenset({eps[0], eps[4]})
+    assert [m.usable(ep, now[0]) for ep in eps] == [True, False, False, False, True, False, False]
+    m._awaiting[eps[5]] = 96.0  # 4 s ago: within the silence timeout
+    assert m.usable_among(eps, now[0]) == frozenset({eps[0], eps[4], eps[5]})
