@@ -4,11 +4,11 @@ slowdown: observed over predicted TTFT, learned per endpoint (LatencyConfig.cali
   scrape shows at least MIN_FIRST_TOKENS new first tokens in vllm:time_to_first_token_seconds since
   the last update, and at least MIN_ROUTED requests were routed there meanwhile:
       ratio = (delta sum / delta count) / (mean base prediction of those routed requests)
-      slowdown <- clamp(slowdown + step x (ratio - slowdown), min_slowdown, max_slowdown)
-  with step = max(ALPHA, 1/n) for the n-th window: the first window replaces the prior (or the
-  pool's calibration), later ones form a running mean until 1/n falls to ALPHA.
-  where a base prediction is the prediction without slowdown. One scalar absorbs what the priors
-  get wrong: a slower GPU, a bigger model.
+      slowdown <- clamp(median of the latest RATIO_WINDOWS (5) ratios, min_slowdown, max_slowdown)
+  where a base prediction is the prediction without slowdown: the first window replaces the
+  prior (or the pool's calibration), two are averaged, and from three on one window alone (a
+  pause of the host) cannot move it (`_move_slowdown`). One scalar absorbs what the priors get
+  wrong: a slower GPU, a bigger model.
 - bytes per token (pool-wide, for prompts the picker did not tokenize): once a scrape shows at
   least MIN_FIRST_TOKENS new requests in the TTFT histogram and MIN_ROUTED were routed there,
       ratio = (prompt bytes routed / requests routed) / (delta vllm:prompt_tokens_total / delta count)
@@ -20,8 +20,8 @@ slowdown: observed over predicted TTFT, learned per endpoint (LatencyConfig.cali
   slower, until it was measured the fast replicas' backlogs read 1.6x too long (estimated at 4
   bytes per token, drained at the rate of the tokens they held), the slow one's looked the
   shortest, and the third cold prompt of the start went there. The first window replaces the
-  prior, the n-th weighs 1/n (a running mean) until 1/n falls to ALPHA, then ALPHA smooths as for
-  the slowdown: a prior off by 60% (text that tokenizes unlike English) would otherwise take ten
+  prior, the n-th weighs 1/n (a running mean) until 1/n falls to ALPHA, then ALPHA smooths: a
+  prior off by 60% (text that tokenizes unlike English) would otherwise take ten
   windows to fade, mis-sizing every prompt and the index's capacity meanwhile. Means of both
   sides, so peer pickers routing to the same engines do not skew it. (vLLM V1 counts a prompt's
   tokens with its first token, so both counters cover the same requests.)
@@ -39,9 +39,8 @@ each response end the picker sees is a sample, for a request whose output length
 (max_tokens):
     observed  = (end - routed) - the slot wait charged
     predicted = base(B + uncached) at routing + max_tokens x (decode_step_ms + decode_ms_per_seq x running)
-and once MIN_ENDS (8) samples are in, ratio = the median of their observed / predicted and
-slowdown moves towards it as bytes per token does (the first window replaces the prior, the n-th
-weighs 1/n until that falls to ALPHA). The median, not the ratio of the sums: a response end also
+and once MIN_ENDS (8) samples are in, ratio = the median of their observed / predicted, a
+window as the histogram's (the slowdown is the median of the latest windows' ratios). The median, not the ratio of the sums: a response end also
 holds what is not the engine's (a client that reads its stream slowly, a pause of the host), and
 one such sample among eight would move a fast endpoint's slowdown several-fold; an endpoint read
 slow is then spared and gets no samples to correct it. A request that stops before max_tokens
@@ -62,6 +61,16 @@ from its second request on, and the ranking the bound found would be lost.
 Before a window closes, first tokens the engine has not produced bound the slowdown from below
 (extproc/scheduling/first_token.py): an engine far slower than predicted is seen at its first
 overdue request, not after its first MIN_FIRST_TOKENS answers.
+
+A window during which a scrape showed a queue for capacity (slots.py's `engine_says_capacity`:
+the engine's vllm:num_requests_waiting_by_reason{reason="capacity"}, or a full KV cache behind a
+queue) may lower the slowdown but not raise it: its first tokens may have waited for KV blocks or
+a sequence slot, which the base predictions do not hold, and nor does the first-token bound read
+such a scrape. (Not the `ceiling` inference, which a slow engine's prefill queue can look like:
+the first-token bound's own guard covers slot queues there.) On two real vLLM engines a
+conversation's later turns filled a 16k-token KV cache: the engine queued for blocks, its TTFTs
+read it 10-17x slower than its twin, and every new conversation went to the twin for the rest of
+the run (29 against 11), whose cache then evicted their histories between turns.
 """
 
 from __future__ import annotations
@@ -78,6 +87,7 @@ from extproc.scheduling.endpoint_work import (
     MIN_EXACT_TOKENS,
     MIN_FIRST_TOKENS,
     MIN_ROUTED,
+    RATIO_WINDOWS,
     EndpointWork,
 )
 from extproc.scheduling.interfaces import Routing
@@ -143,6 +153,7 @@ class Calibration:
                 w.partial_ratio /= f
             if w.calibration_source in CALIBRATED:
                 w.slowdown = self._clamped(w.slowdown / f)
+                w.window_ratios[:] = [r / f for r in w.window_ratios]
         self._share_calibration()
 
     def _calibrate(self, w: EndpointWork, ttft_sum_s: float, ttft_count: float) -> None:
@@ -158,17 +169,26 @@ class Calibration:
             w.partial_ratio = observed_ms / predicted_ms  # the window so far: too few to calibrate on
             return
         w.partial_ratio = -1.0
-        w.ttft_windows += 1
-        self._move_slowdown(w, observed_ms / predicted_ms, w.ttft_windows, "ttft-histogram")
+        self._move_slowdown(w, self._window_ratio(w, observed_ms / predicted_ms), "ttft-histogram")
         w.ttft_sum_s, w.ttft_count, w.base_sum_ms, w.routed = ttft_sum_s, ttft_count, 0.0, 0
 
-    def _move_slowdown(self, w: EndpointWork, ratio: float, windows: int, source: str) -> None:
-        """The n-th window of `source` moves the slowdown towards `ratio` by max(ALPHA, 1/n): a
-        running mean until its weight falls to ALPHA's, as for bytes per token. The first window
-        replaces the prior: stepping by ALPHA from it, an engine 4x off needs ~10 windows (80 first
-        tokens) to be measured, which a slow replica that the picker rightly spares may never see."""
-        step = max(ALPHA, 1.0 / windows)
-        w.slowdown = self._clamped(w.slowdown + step * (ratio - w.slowdown))
+    def _move_slowdown(self, w: EndpointWork, ratio: float, source: str) -> None:
+        """A window of `source` closed with `ratio`: the slowdown becomes the median of the latest
+        RATIO_WINDOWS windows' ratios (the mean of two). The first window replaces the prior:
+        stepping from it, an engine 4x off needs many windows to be measured, which a slow replica
+        that the picker rightly spares may never see. The median, not a running mean: one window
+        that a pause of the host made 14x (every engine's first tokens 800 ms late at once, on two
+        vLLM CPU engines sharing 2 cores with the router) moved a running mean to 6x, and the
+        engine, spared from then on, closed no window to correct it; its twin took every new
+        conversation. A median needs a second such window to move."""
+        ratios = w.window_ratios
+        ratios.append(ratio)
+        if len(ratios) > RATIO_WINDOWS:
+            del ratios[0]
+        ordered = sorted(ratios)
+        half = len(ordered) // 2
+        median = ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
+        w.slowdown = self._clamped(median)
         w.calibration_source = source
         self._share_calibration()
 
@@ -211,5 +231,15 @@ class Calibration:
         half = len(ratios) // 2
         median = ratios[half] if len(ratios) % 2 else (ratios[half - 1] + ratios[half]) / 2
         ratios.clear()
-        w.ends_windows += 1
-        self._move_slowdown(w, median, w.ends_windows, "response-ends")
+        self._move_slowdown(w, self._window_ratio(w, median), "response-ends")
+
+    @staticmethod
+    def _window_ratio(w: EndpointWork, ratio: float) -> float:
+        """A closing window's observed / predicted ratio, as far as it proves anything: where a
+        scrape during it showed a capacity queue, its requests may have waited for KV blocks or a
+        slot that no prediction charged, so it is an upper bound on the engine's slowdown (it may
+        lower it, not raise it)."""
+        if w.saturated_window:
+            w.saturated_window = False
+            return min(ratio, w.slowdown)
+        return ratio

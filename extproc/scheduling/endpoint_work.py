@@ -16,6 +16,7 @@ MAX_BYTES_PER_TOKEN = 16.0
 CHURN_HALF_LIFE_S = 120.0
 MIN_ENDS = 8
 MIN_EXACT_TOKENS = 1024  # the least prompt tokens of a first bytes-per-token window that is exact
+RATIO_WINDOWS = 5  # the slowdown is the median of this many latest windows' ratios (calibration.py)
 # Calibration sources measured on the endpoint itself.
 CALIBRATED = ("ttft-histogram", "response-ends", "first-token-wait")
 
@@ -42,8 +43,14 @@ class EndpointWork:
     ttft_count: float = -1.0
     base_sum_ms: float = 0.0
     routed: int = 0
-    ttft_windows: int = 0  # TTFT-histogram windows measured so far
+    # The latest windows' observed / predicted ratios (TTFT histogram or response ends), at most
+    # RATIO_WINDOWS, oldest first: the slowdown is their median.
+    window_ratios: list[float] = field(default_factory=list)
     partial_ratio: float = -1.0  # observed / predicted TTFT of the window so far (fewer first tokens); -1: none
+    # A scrape during the open window (TTFT or response ends) showed a queue for capacity
+    # (slots.py's `engine_says_capacity`): its requests may have waited for KV blocks or a slot,
+    # which no prediction charged, so it can prove the engine faster, never slower (calibration.py).
+    saturated_window: bool = False
     # Bytes-per-token window: engine counters at its start, our routed prompts since.
     prompt_tokens: float = -1.0
     requests: float = -1.0
@@ -51,7 +58,6 @@ class EndpointWork:
     bytes_requests: int = 0
     # Response-end calibration window (no TTFT histogram): observed / predicted per sample (<= MIN_ENDS).
     end_ratios: list[float] = field(default_factory=list)
-    ends_windows: int = 0  # response-end windows measured so far
     calibration_source: str = "prior"  # "prior", "pool", "ttft-histogram", "response-ends", "first-token-wait"
     slots: SlotState = field(default_factory=SlotState)
     first: FirstTokenWait = field(default_factory=FirstTokenWait)  # requests without a first token yet

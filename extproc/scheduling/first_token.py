@@ -41,7 +41,11 @@ one where each of the P + 1 oldest was routed while the endpoint held fewer requ
 most running sequences any endpoint of the pool was seen to hold (`queued` False at `add`):
 replicas of one pool run one configuration, so each of them was admitted on arrival and its
 late first token is slow prefill, however long the queue behind it (a prompt queued behind
-another's prefill, which is what a slower engine shows first). Nor is a bound drawn where one of
+another's prefill, which is what a slower engine shows first). Not where the endpoint's last
+scrape before the routing showed a queue for capacity (slots.py's `engine_says_capacity`: a
+KV-cache limit admits fewer sequences as the prompts grow, so a count seen once proves nothing),
+and never from a scrape that shows one (`capacity`): any late request may be waiting for KV
+blocks. Nor is a bound drawn where one of
 the P + 1 oldest was predicted mostly fixed cost (`readable` False at `add`: its base below twice
 the per-request overhead, a warm or short prompt): its lateness may be a larger fixed cost per
 request (a CPU engine, a busy API server), which the one slowdown factor would then charge every
@@ -118,13 +122,15 @@ class FirstTokenWait:
             self._ended += 1
 
     def observe(self, first_tokens: float, at: float, slowdown: float, queue: bool = False,
-                step_tokens: int = 0, ms_per_token: float = 0.0) -> tuple[float | None, float]:
+                step_tokens: int = 0, ms_per_token: float = 0.0,
+                capacity: bool = False) -> tuple[float | None, float]:
         """A scrape at `at` shows `first_tokens` produced in all, and `queue`: whether requests wait
         there: (the slowdown the late requests prove, or None when they prove no more than
         `slowdown` or may have waited for a slot; the prompt tokens still to be prefilled at least),
         module docstring. `step_tokens` (the engine's prefill tokens per step) and `ms_per_token`
         (the prior's prefill cost) price the requests routed after each one that may share the
-        step that finishes its prefill; 0: not priced."""
+        step that finishes its prefill; 0: not priced. `capacity`: the scrape shows a capacity
+        queue (slots.py): any of them may be waiting for KV blocks, so no bound is drawn."""
         if self._base_count < 0 or first_tokens < self._base_count:  # first sight, or a restart
             if self._base_count >= 0 or first_tokens > 0:
                 self._awaiting.clear()  # which of those routed before were served is unknown
@@ -136,7 +142,7 @@ class FirstTokenWait:
             return None, 0.0
         entries = list(awaiting.values())  # at most CHECKED
         oldest = entries[:served + 1]
-        if queue and any(e[4] for e in oldest):
+        if capacity or (queue and any(e[4] for e in oldest)):
             bound = 0.0  # one of them may be waiting for a slot: no proof of slowness
         elif not all(e[5] for e in oldest):
             bound = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill

@@ -134,6 +134,8 @@ class LatencyModel(Calibration):
         # corrected backlog, which a scrape's waiting requests raise by themselves.
         limit = w.slots.limit
         w.slots.observe(m, w.routed_backlog / w.mean_uncached if w.mean_uncached > 0 else 0.0)
+        if w.slots.engine_says_capacity:
+            w.saturated_window = True
         if w.slots.limit != limit:
             self._share_limits()
         if w.slots.peak_running > self.pool_peak_running:
@@ -153,7 +155,8 @@ class LatencyModel(Calibration):
             # have waited for a slot rather than for prefill.
             c = self.config
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0,
-                                               step_tokens=c.step_tokens, ms_per_token=c.prefill_ms_per_token)
+                                               step_tokens=c.step_tokens, ms_per_token=c.prefill_ms_per_token,
+                                               capacity=w.slots.engine_says_capacity)
             if late is not None:
                 w.slowdown, w.calibration_source = self._clamped(late), "first-token-wait"
                 self._share_calibration()
@@ -287,8 +290,11 @@ class LatencyModel(Calibration):
         w = self.work(ep, now)
         w.slots.admit(self._tokens, now)
         # Admitted on arrival where it finds fewer requests there than the pool was seen to run
-        # at once (first_token.py; the first request to an idle endpoint always is).
-        queued = endpoint_load(ep) >= max(1.0, self.pool_peak_running)
+        # at once (first_token.py; the first request to an idle endpoint always is), unless the
+        # endpoint's last scrape showed a queue for capacity (the engine's own gauge, or a full KV
+        # cache): a KV-cache limit admits fewer sequences as the prompts grow (a conversation's
+        # later turns), so the count seen once proves nothing.
+        queued = endpoint_load(ep) >= max(1.0, self.pool_peak_running) or w.slots.engine_says_capacity
         # Its lateness reads prefill speed only where prefill is most of the prediction (first_token.py).
         readable = base_ms >= READABLE_OVERHEADS * self.config.overhead_ms
         w.first.add(self._tokens, now, base_ms, wait_ms, uncached, queued, readable)

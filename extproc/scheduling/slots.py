@@ -83,6 +83,13 @@ class SlotState:
     saturated: bool = False  # the last scrape showed a capacity queue
     admitted: dict[int, float] = field(default_factory=dict)  # own in-flight: token -> routed at (s), oldest first
 
+    @property
+    def engine_says_capacity(self) -> bool:
+        """The last scrape showed a queue the engine itself says is for capacity (its
+        waiting-by-reason gauge) or a full KV cache behind a queue; not the `ceiling` inference,
+        which a slow engine's prefill queue can look like."""
+        return self.saturated and self.limit_source != "ceiling"
+
     def admit(self, token: int, at: float) -> None:
         """This picker routed a request here at `at` (clock seconds)."""
         admitted = self.admitted

@@ -229,3 +229,36 @@ def test_a_move_of_bytes_per_token_rescales_the_requests_awaiting_a_first_token(
     late, unfinished = f.observe(0, 0.5, 1.0)
     assert late == pytest.approx(500 / MARGIN / 62.5)
     assert unfinished == pytest.approx(625.0)  # the smaller of the two, in the measured units
+
+
+def test_a_capacity_queue_draws_no_bound_and_marks_later_requests_queued() -> None:
+    """An engine queueing for KV blocks (vllm:num_requests_waiting_by_reason{reason="capacity"})
+    delays first tokens by the wait for blocks: no bound from such a scrape, even for requests
+    admitted on arrival; and a request routed after it may wait for blocks with fewer sequences
+    running than the pool was seen to run, so a later queue (for prefill) draws none from it either."""
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0, 1000.0, queued=False)
+    assert f.observe(0, 0.5, 1.0, queue=True, capacity=True)[0] is None
+    assert f.observe(0, 0.5, 1.0, queue=True)[0] == pytest.approx(500 / MARGIN / 100)
+
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
+    ep = ds.snapshot()[0]
+    model = LatencyModel(LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0),
+                         bytes_per_token=4, clock=lambda: 0.0)
+
+    def scrape(at: float, waiting: float, capacity: float) -> None:
+        ds.set_metrics(ep.key, ModelServerMetrics(waiting=waiting, running=4, waiting_capacity=capacity,
+                                                  ttft_sum_s=0.0, ttft_count=0, updated_at=at, ok=True))
+        model.work(ep, at)
+
+    scrape(0.0, 0, 0)  # 4 running, no queue: the pool was seen to run 4
+    scrape(0.1, 2, 2)  # then 2 wait for KV blocks
+    base = model.base_ttft_ms(ep, model.work(ep, 0.1), 4000)
+    model.routed(ep, 4000, base, 0.1)
+    model.admit(ep, 0.1, base, 0.0)  # 1 request there by the picker's count, fewer than 4: yet queued
+    scrape(3.0, 2, 0)  # 3 s on, no first token, a queue (for prefill now)
+    assert model.work(ep, 3.0).calibration_source == "prior"
+    scrape(3.5, 0, 0)  # no queue at all: it was admitted by now, and is late
+    assert model.work(ep, 3.5).calibration_source == "first-token-wait"

@@ -191,10 +191,13 @@ def test_slowdown_is_learned_from_response_ends_without_a_ttft_histogram() -> No
     assert w.slowdown == pytest.approx(10.0)
     assert w.calibration_source == "response-ends"
     for _ in range(8):
-        end(0.26 * 40)  # 40x: the second window weighs 1/2
+        end(0.26 * 40)  # 40x: the mean of two windows
     assert w.slowdown == pytest.approx(10 + 0.5 * (40 - 10))  # 25
     for _ in range(8):
-        end(0.26 * 200)  # 200x: clamped at max_slowdown (50)
+        end(0.26 * 200)  # 200x: one window of three, the median is the 40x one's
+    assert w.slowdown == pytest.approx(40.0)
+    for _ in range(8):
+        end(0.26 * 200)  # a second 200x window: the median (120) is clamped at max_slowdown (50)
     assert w.slowdown == 50.0
     # Where the engine exports its TTFT histogram, that calibrates instead.
     scrape(ds, ep, clock.now, ttft=(0.0, 0.0))
@@ -258,3 +261,45 @@ def test_an_endpoint_not_yet_calibrated_takes_the_pools_calibration() -> None:
     assert model.work(d, clock.now).slowdown == pytest.approx(5.0)
     window(c, 1.0)
     assert wc.slowdown == pytest.approx(1.0) and wc.calibration_source == "response-ends"
+
+
+def capacity_scrape(ds: Datastore, ep: Endpoint, at: float, ttft: tuple[float, float], *,
+                    waiting_capacity: float, kv_usage: float) -> None:
+    """A scrape of an engine with 2 running and 3 waiting, `waiting_capacity` of them for KV blocks
+    (-1: the gauge is not exported)."""
+    ds.set_metrics(ep.key, ModelServerMetrics(waiting=3, running=2, waiting_capacity=waiting_capacity,
+                                              kv_usage=kv_usage, ttft_sum_s=ttft[0], ttft_count=ttft[1],
+                                              updated_at=at, ok=True))
+
+
+@pytest.mark.parametrize(("waiting_capacity", "kv_usage", "observed_s", "expected"), [
+    (0, 0.5, 0.3, 3.0),  # a queue for prefill, the engine says: the window's 3x stands
+    (3, 0.5, 0.3, 1.0),  # a queue for KV blocks: 300 ms may be waiting for them, not 3x slower prefill
+    (3, 0.5, 0.05, 0.5),  # faster than predicted even with the waits: that much it proves
+    (-1, 0.97, 0.3, 1.0),  # no such gauge, but a full cache behind the queue
+    (-1, 0.5, 0.3, 3.0),  # no gauge and room in the cache: nothing says the queue is for capacity
+])
+def test_a_window_with_a_capacity_queue_may_lower_the_slowdown_but_not_raise_it(
+        waiting_capacity: float, kv_usage: float, observed_s: float, expected: float) -> None:
+    clock = Clock()
+    ds, ep = one_endpoint()
+    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
+    scrape(ds, ep, clock.now, ttft=(1.0, 10))  # first sight: the window starts here
+    model.work(ep, clock.now)
+    for _ in range(4):
+        model.routed(ep, 0, 100.0, clock.now)  # predicted 100 ms each (base)
+    clock.now += 0.05
+    capacity_scrape(ds, ep, clock.now, (1.0, 10), waiting_capacity=waiting_capacity, kv_usage=kv_usage)
+    model.work(ep, clock.now)
+    clock.now += 0.05
+    scrape(ds, ep, clock.now, running=2, ttft=(1.0 + 8 * observed_s, 18))  # the window closes
+    w = model.work(ep, clock.now)
+    assert w.slowdown == pytest.approx(expected) and w.calibration_source == "ttft-histogram"
+    # The next window has no capacity queue in it: it moves the slowdown as any window does.
+    for _ in range(4):
+        model.routed(ep, 0, 100.0, clock.now)
+    clock.now += 0.05
+    m = ep.metrics
+    assert m is not None
+    scrape(ds, ep, clock.now, running=2, ttft=(m.ttft_sum_s + 8 * 0.2, m.ttft_count + 8))  # 2x
+    assert model.work(ep, clock.now).slowdown == pytest.approx(expected + 0.5 * (2.0 - expected))
