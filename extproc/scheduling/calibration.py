@@ -39,15 +39,15 @@ each response end the picker sees is a sample, for a request whose output length
 (max_tokens):
     observed  = (end - routed) - the slot wait charged
     predicted = base(B + uncached) at routing + max_tokens x (decode_step_ms + decode_ms_per_seq x running)
-and once MIN_ENDS (8) samples are in, ratio = the median of their observed / predicted, a
-window as the histogram's (the slowdown is the median of the latest windows' ratios). The median, not the ratio of the sums: a response end also
-holds what is not the engine's (a client that reads its stream slowly, a pause of the host), and
-one such sample among eight would move a fast endpoint's slowdown several-fold; an endpoint read
-slow is then spared and gets no samples to correct it. A request that stops before max_tokens
-reads as a faster engine; the TTFT histogram, where exported, is used instead. slowdown is
-clamped to [min_slowdown, max_slowdown] (0.1-50 by default: a CPU build or an old GPU against
-an H100 prior). Where neither source is available the prior stands (`calibration_source` says
-which one the slowdown comes from). An endpoint
+and once MIN_ENDS (8) samples are in, ratio = the median of their observed / predicted, a window as
+the histogram's (the slowdown is the median of the latest windows' ratios). The median, not the
+ratio of the sums: a response end also holds what is not the engine's (a client that reads its
+stream slowly, a pause of the host), and one such sample among eight would move a fast endpoint's
+slowdown several-fold; an endpoint read slow is then spared and gets no samples to correct it. A
+request that stops before max_tokens reads as a faster engine; the TTFT histogram, where exported,
+is used instead. slowdown is clamped to [min_slowdown, max_slowdown] (0.1-50 by default: a CPU
+build or an old GPU against an H100 prior). Where neither source is available the prior stands
+(`calibration_source` says which one the slowdown comes from). An endpoint
 not yet calibrated itself takes the pool's calibration (the geometric mean of the calibrated
 endpoints' slowdowns, source "pool") rather than the prior: replicas of one pool mostly run on
 like hardware, and a calibrated endpoint weighed against one still at a prior 10x off would win
