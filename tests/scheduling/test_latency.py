@@ -80,15 +80,22 @@ def test_scrapes_bound_the_backlog_both_ways() -> None:
     assert model.work(ep, clock.now).backlog == pytest.approx(3 * 840)
 
 
-def test_slowdown_is_learned_from_the_engine_ttft_histogram() -> None:
+def window_of_four() -> tuple[Clock, Datastore, Endpoint, LatencyModel]:
+    """An endpoint seen once (its TTFT window opened at 10 first tokens) and 4 requests routed
+    there, each predicted at 100 ms (base), 50 ms ago."""
     clock = Clock()
     ds, ep = one_endpoint()
     model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
     scrape(ds, ep, clock.now, ttft=(1.0, 10))  # first sight: the window starts here
     model.work(ep, clock.now)
     for _ in range(4):
-        model.routed(ep, 0, 100.0, clock.now)  # predicted 100 ms each (base)
+        model.routed(ep, 0, 100.0, clock.now)
     clock.now += 0.05
+    return clock, ds, ep, model
+
+
+def test_slowdown_is_learned_from_the_engine_ttft_histogram() -> None:
+    clock, ds, ep, model = window_of_four()
     scrape(ds, ep, clock.now, ttft=(1.0 + 8 * 0.3, 18))  # 8 first tokens at 300 ms: 3x slower
     assert model.work(ep, clock.now).slowdown == pytest.approx(3.0)  # the first window replaces the prior
     # Too few first tokens: no update, the window stays open.
@@ -281,14 +288,7 @@ def capacity_scrape(ds: Datastore, ep: Endpoint, at: float, ttft: tuple[float, f
 ])
 def test_a_window_with_a_capacity_queue_may_lower_the_slowdown_but_not_raise_it(
         waiting_capacity: float, kv_usage: float, observed_s: float, expected: float) -> None:
-    clock = Clock()
-    ds, ep = one_endpoint()
-    model = LatencyModel(CONFIG, bytes_per_token=4, clock=clock)
-    scrape(ds, ep, clock.now, ttft=(1.0, 10))  # first sight: the window starts here
-    model.work(ep, clock.now)
-    for _ in range(4):
-        model.routed(ep, 0, 100.0, clock.now)  # predicted 100 ms each (base)
-    clock.now += 0.05
+    clock, ds, ep, model = window_of_four()
     capacity_scrape(ds, ep, clock.now, (1.0, 10), waiting_capacity=waiting_capacity, kv_usage=kv_usage)
     model.work(ep, clock.now)
     clock.now += 0.05
