@@ -238,10 +238,7 @@ class KVEventsManager:
             if not subs:
                 continue
             for sub in subs:
-                state = sub.state
-                # The full check only where one may fail (a resync window may have passed since).
-                if (state.uncertain_since is not None or state.heard_at is None or state.replaying) \
-                        and not state.usable(now, window):
+                if not sub.state.usable(now, window):
                     break
             else:
                 since = awaiting.get(ep)

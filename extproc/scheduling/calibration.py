@@ -76,6 +76,8 @@ the run (29 against 11), whose cache then evicted their histories between turns.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 from extproc.config.settings import LatencyConfig
 from extproc.scheduling.endpoint_work import (
@@ -153,7 +155,7 @@ class Calibration:
                 w.partial_ratio /= f
             if w.calibration_source in CALIBRATED:
                 w.slowdown = self._clamped(w.slowdown / f)
-                w.window_ratios[:] = [r / f for r in w.window_ratios]
+                w.window_ratios = deque((r / f for r in w.window_ratios), maxlen=RATIO_WINDOWS)
         self._share_calibration()
 
     def _calibrate(self, w: EndpointWork, ttft_sum_s: float, ttft_count: float) -> None:
@@ -181,14 +183,8 @@ class Calibration:
         vLLM CPU engines sharing 2 cores with the router) moved a running mean to 6x, and the
         engine, spared from then on, closed no window to correct it; its twin took every new
         conversation. A median needs a second such window to move."""
-        ratios = w.window_ratios
-        ratios.append(ratio)
-        if len(ratios) > RATIO_WINDOWS:
-            del ratios[0]
-        ordered = sorted(ratios)
-        half = len(ordered) // 2
-        median = ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
-        w.slowdown = self._clamped(median)
+        w.window_ratios.append(ratio)  # a deque of RATIO_WINDOWS: the oldest drops out
+        w.slowdown = self._clamped(statistics.median(w.window_ratios))
         w.calibration_source = source
         self._share_calibration()
 
@@ -227,9 +223,7 @@ class Calibration:
         ratios.append(max(0.0, elapsed_ms - routing.wait_ms) / predicted)
         if len(ratios) < MIN_ENDS:
             return
-        ratios.sort()
-        half = len(ratios) // 2
-        median = ratios[half] if len(ratios) % 2 else (ratios[half - 1] + ratios[half]) / 2
+        median = statistics.median(ratios)
         ratios.clear()
         self._move_slowdown(w, self._window_ratio(w, median), "response-ends")
 

@@ -3,6 +3,7 @@ the constants of its calibration (extproc/scheduling/calibration.py)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from extproc.scheduling.first_token import FirstTokenWait
@@ -45,7 +46,7 @@ class EndpointWork:
     routed: int = 0
     # The latest windows' observed / predicted ratios (TTFT histogram or response ends), at most
     # RATIO_WINDOWS, oldest first: the slowdown is their median.
-    window_ratios: list[float] = field(default_factory=list)
+    window_ratios: deque[float] = field(default_factory=lambda: deque(maxlen=RATIO_WINDOWS))
     partial_ratio: float = -1.0  # observed / predicted TTFT of the window so far (fewer first tokens); -1: none
     # A scrape during the open window (TTFT or response ends) showed a queue for capacity
     # (slots.py's `engine_says_capacity`): its requests may have waited for KV blocks or a slot,

@@ -134,7 +134,8 @@ class LatencyModel(Calibration):
         # corrected backlog, which a scrape's waiting requests raise by themselves.
         limit = w.slots.limit
         w.slots.observe(m, w.routed_backlog / w.mean_uncached if w.mean_uncached > 0 else 0.0)
-        if w.slots.engine_says_capacity:
+        capacity = w.slots.engine_says_capacity  # a queue for KV blocks or slots: waits, not slowness
+        if capacity:
             w.saturated_window = True
         if w.slots.limit != limit:
             self._share_limits()
@@ -156,7 +157,7 @@ class LatencyModel(Calibration):
             c = self.config
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0,
                                                step_tokens=c.step_tokens, ms_per_token=c.prefill_ms_per_token,
-                                               capacity=w.slots.engine_says_capacity)
+                                               capacity=capacity)
             if late is not None:
                 w.slowdown, w.calibration_source = self._clamped(late), "first-token-wait"
                 self._share_calibration()
