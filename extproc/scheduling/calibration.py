@@ -89,7 +89,6 @@ from extproc.scheduling.endpoint_work import (
     MIN_EXACT_TOKENS,
     MIN_FIRST_TOKENS,
     MIN_ROUTED,
-    RATIO_WINDOWS,
     EndpointWork,
 )
 from extproc.scheduling.interfaces import Routing
@@ -155,7 +154,7 @@ class Calibration:
                 w.partial_ratio /= f
             if w.calibration_source in CALIBRATED:
                 w.slowdown = self._clamped(w.slowdown / f)
-                w.window_ratios = deque((r / f for r in w.window_ratios), maxlen=RATIO_WINDOWS)
+                w.window_ratios = deque((r / f for r in w.window_ratios), maxlen=w.window_ratios.maxlen)
         self._share_calibration()
 
     def _calibrate(self, w: EndpointWork, ttft_sum_s: float, ttft_count: float) -> None:
