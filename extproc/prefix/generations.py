@@ -33,12 +33,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import chain, islice
-from operator import indexOf
+from itertools import chain, compress, islice, repeat
+from operator import indexOf, is_
 
 GENERATIONS = 4
 MIN_GEN = 256
 MAX_GENS = GENERATIONS + 4
+_MISSING = object()  # what dict.pop returns for a block a generation does not hold
 
 
 class Generations:
@@ -91,6 +92,35 @@ class Generations:
         if len(gens) > MAX_GENS:
             oldest = gens.popleft()
             gens[0] = dict.fromkeys(chain(oldest, gens[0]))
+
+    def touch(self, blocks: dict[int, None]) -> int:
+        """Move `blocks` (oldest first) to the newest end; how many of them were held here.
+        Each generation from the newest deletes, in C, those not found in a newer one (a block
+        used lately mostly is in the newest). Where fewer than all were held, none is put back
+        (they are out of the order and of `size`): the caller puts back those it knows are held."""
+        gens = self.gens
+        rest: list[int] | dict[int, None] = blocks
+        emptied = False
+        for k in range(len(gens) - 1, -1, -1):
+            g = gens[k]
+            rest = list(compress(rest, map(is_, map(g.pop, rest, repeat(_MISSING)), repeat(_MISSING))))
+            if not g and k != len(gens) - 1:
+                emptied = True
+            if not rest:
+                break
+        if emptied:
+            self.gens = gens = deque([*(g for g in islice(gens, len(gens) - 1) if g), gens[-1]])
+        held = len(blocks) - len(rest)
+        if not rest:
+            gens[-1].update(blocks)
+        else:
+            self.size -= held
+        return held
+
+    def keep(self, hashes: Sequence[int]) -> None:
+        """Put back blocks `oldest` took (pinned ones) as the most recently used."""
+        self.gens[-1].update(dict.fromkeys(hashes))
+        self.size += len(hashes)
 
     def oldest(self, n: int) -> list[int]:
         """Remove and return the `n` least recently recorded blocks (fewer if fewer are held)."""

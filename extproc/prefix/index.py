@@ -16,11 +16,14 @@ Operations:
   same list is asked again (the pool, request after request) and no slot changed.
 - `record(endpoint, hashes)`: the chosen endpoint now holds the prompt's blocks; its first block
   becomes the most recently used entry.
-- `record_later(endpoint, hashes)` and `flush()`: the same record, its work deferred. The scheduler
-  records this way and flushes on the event loop's next turn (extproc/scheduling/scheduler.py), so a
-  decision's answer goes out before the record's inserts and evictions, the larger part of a
-  decision at a large pool (docs/scale.md). Every method that reads or changes the index flushes
-  first, so no reader ever sees the index without a record already made.
+- `record_later(endpoint, hashes, pin)` and `flush()`: the same record, its work deferred. The
+  scheduler records this way and flushes on the event loop's next turn
+  (extproc/scheduling/scheduler.py), so a decision's answer goes out before the record's inserts
+  and evictions, the larger part of a decision at a large pool (docs/scale.md). Every method that
+  reads or changes the index flushes first, so no reader ever sees the index without a record
+  already made. With `pin`, the blocks stay held while the request runs (extproc/prefix/pins.py:
+  eviction passes over them, as the engine's does) until `release(endpoint, hashes)` at its end,
+  which records them again as the most recently used.
 - `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
 - `on_record(listener)`: listeners see every local `record` (peer sync publishes them);
   `apply(endpoint, hashes)` records what a peer decided without notifying them, so nothing echoes.
@@ -40,10 +43,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import compress, islice
+from operator import not_
 from typing import Protocol
 
 from extproc.prefix.generations import Generations
+from extproc.prefix.pins import Pins
 from extproc.prefix.shards import SHARD_MASK, clear_bit, new_shards, shard_len
 
 
@@ -81,7 +86,8 @@ class PrefixIndex:
         # The last candidate list `match` saw, its slots' mask and slot -> endpoint: the scheduler
         # asks with the same pool request after request. Dropped whenever a slot is given or freed.
         self._candidates: tuple[list[str], int, dict[int, str]] | None = None
-        self._pending: list[tuple[str, Sequence[int]]] = []  # record_later's, oldest first
+        self._pending: list[tuple[str, Sequence[int], bool]] = []  # record_later's, oldest first
+        self._pins: dict[str, Pins] = {}  # endpoint -> blocks its running requests hold (pins.py)
 
     # -- endpoints -------------------------------------------------------------------------
     def _slot_of(self, endpoint: str) -> int:
@@ -125,6 +131,7 @@ class PrefixIndex:
         if slot is None:
             return
         lru = self._lru.pop(endpoint)
+        self._pins.pop(endpoint, None)
         clear = ~(1 << slot)
         holders = self._holders
         for h in lru:
@@ -206,13 +213,14 @@ class PrefixIndex:
             self.flush()
         self._record(endpoint, hashes)
 
-    def record_later(self, endpoint: str, hashes: Sequence[int]) -> bool:
+    def record_later(self, endpoint: str, hashes: Sequence[int], pin: bool = False) -> bool:
         """`record`, deferred until `flush` or the next method that reads the index; True when
-        nothing was pending before (the caller then arranges one `flush`)."""
+        nothing was pending before (the caller then arranges one `flush`). `pin`: the blocks are
+        a running request's, held until `release(endpoint, hashes)` with the same list."""
         if not hashes:
             return False
         first = not self._pending
-        self._pending.append((endpoint, hashes))
+        self._pending.append((endpoint, hashes, pin))
         return first
 
     def flush(self) -> None:
@@ -220,8 +228,43 @@ class PrefixIndex:
         pending = self._pending
         if pending:
             self._pending = []
-            for endpoint, hashes in pending:
+            for endpoint, hashes, pin in pending:
+                if pin:
+                    self.pin(endpoint, hashes)
                 self._record(endpoint, hashes)
+
+    def pin(self, endpoint: str, hashes: Sequence[int]) -> None:
+        """A request routed to `endpoint` holds these blocks until `release` (pins.py)."""
+        pins = self._pins.get(endpoint)
+        if pins is None:
+            pins = self._pins[endpoint] = Pins()
+        pins.add(hashes, self._capacity.get(endpoint, self.default_capacity))
+
+    def release(self, endpoint: str, hashes: Sequence[int], touch: bool = True) -> None:
+        """The request whose blocks `pin` (or `record_later` with `pin`) pinned on `endpoint` with
+        this list ended there: unpin them and, with `touch`, record them again as the most
+        recently used, as the engine's free queue orders a finished request's blocks. The listeners
+        are not told (peers learnt the record; its end is this picker's)."""
+        if self._pending:
+            self.flush()
+        pins = self._pins.get(endpoint)
+        if pins is None or not pins.drop(hashes):
+            return
+        if not pins.requests:
+            del self._pins[endpoint]
+        if touch and endpoint in self._slot:
+            # Pinned blocks are held here (eviction passes over them): moved in C by
+            # Generations.touch. Where a `forget` dropped one meanwhile (another request of the
+            # same prompt served elsewhere), only those still held go back, one by one.
+            lru = self._lru[endpoint]
+            blocks = dict.fromkeys(reversed(hashes))
+            if lru.touch(blocks) != len(blocks):
+                bit, holders, newest = 1 << self._slot[endpoint], self._holders, lru.gens[-1]
+                for h in blocks:
+                    if holders[h & SHARD_MASK].get(h, 0) & bit:
+                        newest[h] = None
+                        lru.size += 1
+            lru.roll(self._capacity.get(endpoint, self.default_capacity))
 
     def _record(self, endpoint: str, hashes: Sequence[int]) -> None:
         if not hashes:
@@ -303,13 +346,32 @@ class PrefixIndex:
         self._entries -= dropped
 
     def _evict(self, endpoint: str, slot: int, capacity: int) -> None:
+        """Drop the least recently used blocks beyond `capacity`, passing over pinned ones (moved
+        to the most recently used end, pins.py): with more pinned than `capacity`, the pinned
+        stay. Each block is looked at once at most (the walk stops after `size` of them)."""
         lru = self._lru[endpoint]
-        excess = lru.size - capacity
+        pins = self._pins.get(endpoint)
+        excess = lru.size - (capacity if pins is None else max(capacity, len(pins)))
         if excess <= 0:
             return
         clear = ~(1 << slot)
         holders = self._holders
         victims = lru.oldest(excess)
+        if pins is not None:
+            pinned = pins.counts  # the dict itself: `in` in C, not Pins.__contains__ per block
+            walk = lru.size + len(victims)
+            taken = victims
+            victims = []
+            while taken:
+                walk -= len(taken)
+                flags = list(map(pinned.__contains__, taken))
+                if not any(flags):
+                    victims += taken
+                    break
+                kept = list(compress(taken, flags))
+                victims += compress(taken, map(not_, flags))
+                lru.keep(kept)
+                taken = lru.oldest(min(len(kept), walk)) if walk > 0 else []
         for h in victims:
             shard = holders[h & SHARD_MASK]
             mask = shard[h] & clear

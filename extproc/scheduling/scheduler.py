@@ -180,8 +180,9 @@ class Scheduler:
                 and chosen.key in request.precise_usable:
             matched = index.leading(chosen.key, request.block_hashes)  # before its record below
         if index is not None:
-            if request.block_hashes:
-                _record_after_answer(index, chosen.key, request.block_hashes)
+            # Pinned while the request runs (extproc/prefix/pins.py); record_later ignores no blocks.
+            if index.record_later(chosen.key, request.block_hashes, pin=True):
+                _flush_after_answer(index)
             if affinity is not None:
                 _record_after_answer(index, chosen.key, (affinity,))
         if precise is not None:
@@ -204,7 +205,10 @@ class Scheduler:
         )
 
     def finished(self, decision: Decision, endpoint: Endpoint) -> None:
-        """The response from `endpoint` ended (or the stream did): tell the observers."""
+        """The response from `endpoint` ended (or the stream did): its blocks are no longer pinned
+        there, and are the most recently used (extproc/prefix/pins.py); tell the observers."""
+        if self.index is not None and decision.block_hashes:
+            self.index.release(endpoint.key, decision.block_hashes)
         if decision.request is not None:
             for observer in self.observers:
                 observer.finished(decision.request, endpoint)
@@ -221,7 +225,9 @@ class Scheduler:
         if index is None:
             return
         if decision.block_hashes:
+            index.release(decision.primary.key, decision.block_hashes, touch=False)
             index.forget(decision.primary.key, decision.block_hashes[decision.matched_blocks:])
+            index.pin(served.key, decision.block_hashes)
             index.record(served.key, decision.block_hashes)
         if decision.affinity_hash is not None:
             if not decision.affinity_hit:
@@ -232,7 +238,12 @@ class Scheduler:
 def _record_after_answer(index: Deferred, endpoint: str, hashes: Sequence[int]) -> None:
     """Queue the record and arrange one flush on the running loop's next turn (at once without a loop)."""
     if index.record_later(endpoint, hashes):
-        try:
-            asyncio.get_running_loop().call_soon(index.flush)
-        except RuntimeError:
-            index.flush()
+        _flush_after_answer(index)
+
+
+def _flush_after_answer(index: Deferred) -> None:
+    """One flush of the records queued, on the running loop's next turn (at once without a loop)."""
+    try:
+        asyncio.get_running_loop().call_soon(index.flush)
+    except RuntimeError:
+        index.flush()
