@@ -27,31 +27,46 @@ concatenated are the single dict's order.
 
 Whether the endpoint holds a block at all is answered by the pool-wide holders map
 (extproc/prefix/shards.py), one lookup; a generation is searched only for a block known held.
+
+Pinned blocks: those of requests still running on the endpoint, out of the order. vLLM's prefix
+cache evicts only free blocks (reference count 0), the least recently freed first: a running
+request's blocks stay cached however much is stored after them, and a finished request's blocks
+join the free queue at its end, so they are the last to go; an engine whose cache its running
+requests fill queues new requests rather than evicting them. An order by routing time alone
+forgot the oldest running prompts first: on an endpoint whose running prompts fill its cache (a
+few long prompts on a small cache), the prompt of a request still decoding there looked
+evicted, and the next request of its group went to a replica with a cold cache. So, as the
+engine keeps its in-use blocks apart from its free queue, `pinned` maps each block a running
+request recorded here (`insert` with pin) to the number of such requests; eviction (`oldest`)
+never sees them, and `unpin`, at a request's end, puts the blocks no other request holds back
+as the most recently used, in C. `size` counts both; PrefixIndex evicts down to its capacity or
+to the pinned count, whichever is larger (the engine, too, holds what runs, and queues).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from itertools import chain, compress, islice, repeat
-from operator import indexOf, is_
+from operator import eq, gt, indexOf, sub
 
 GENERATIONS = 4
 MIN_GEN = 256
 MAX_GENS = GENERATIONS + 4
-_MISSING = object()  # what dict.pop returns for a block a generation does not hold
+PIN_BOUND = 2  # distinct blocks pinned per endpoint at most, in capacities (PrefixIndex._record)
 
 
 class Generations:
-    __slots__ = ("gens", "size")
+    __slots__ = ("gens", "pinned", "size")
 
     def __init__(self) -> None:
         self.gens: deque[dict[int, None]] = deque([{}])
-        self.size = 0  # blocks held, over all generations
+        self.pinned: dict[int, int] = {}  # block -> running requests holding it, out of the order
+        self.size = 0  # blocks held, in the generations and pinned
 
     def __iter__(self) -> Iterator[int]:
-        """Oldest first."""
-        return chain.from_iterable(self.gens)
+        """Oldest first; the pinned last (in use)."""
+        return chain(chain.from_iterable(self.gens), self.pinned)
 
     def leading(self, hashes: Sequence[int], start: int) -> int:
         """How many of `hashes`, from `hashes[start]` on, are held here before the first that is
@@ -61,9 +76,11 @@ class Generations:
         n = len(hashes)
         i = start
         moved = True
+        # The pinned first (a running request's blocks, most likely asked again), then newest first.
+        held: list[Container[int]] = [self.pinned, *reversed(self.gens)] if self.pinned else [*reversed(self.gens)]
         while moved and i < n:
             moved = False
-            for g in reversed(self.gens):
+            for g in held:
                 try:
                     j = i + indexOf(map(g.__contains__, islice(hashes, i, None)), False)
                 except ValueError:
@@ -73,7 +90,7 @@ class Generations:
         return i - start
 
     def unlink(self, h: int) -> None:
-        """Delete `h` (held here) from the generation holding it."""
+        """Delete `h` (held here, not pinned) from the generation holding it."""
         gens = self.gens
         for k in range(len(gens) - 1, -1, -1):
             g = gens[k]
@@ -93,34 +110,18 @@ class Generations:
             oldest = gens.popleft()
             gens[0] = dict.fromkeys(chain(oldest, gens[0]))
 
-    def touch(self, blocks: dict[int, None]) -> int:
-        """Move `blocks` (oldest first) to the newest end; how many of them were held here.
-        Each generation from the newest deletes, in C, those not found in a newer one (a block
-        used lately mostly is in the newest). Where fewer than all were held, none is put back
-        (they are out of the order and of `size`): the caller puts back those it knows are held."""
-        gens = self.gens
-        rest: list[int] | dict[int, None] = blocks
-        emptied = False
-        for k in range(len(gens) - 1, -1, -1):
-            g = gens[k]
-            rest = list(compress(rest, map(is_, map(g.pop, rest, repeat(_MISSING)), repeat(_MISSING))))
-            if not g and k != len(gens) - 1:
-                emptied = True
-            if not rest:
-                break
-        if emptied:
-            self.gens = gens = deque([*(g for g in islice(gens, len(gens) - 1) if g), gens[-1]])
-        held = len(blocks) - len(rest)
-        if not rest:
-            gens[-1].update(blocks)
-        else:
-            self.size -= held
-        return held
-
-    def keep(self, hashes: Sequence[int]) -> None:
-        """Put back blocks `oldest` took (pinned ones) as the most recently used."""
-        self.gens[-1].update(dict.fromkeys(hashes))
-        self.size += len(hashes)
+    def unpin(self, ordered: Sequence[int]) -> None:
+        """One running request ended: unpin its blocks (`ordered`, as it recorded them, the least
+        recently used first); those no other request holds go back as the most recently used.
+        Each step over the blocks in C; a block no longer pinned (forgotten since) is left out."""
+        pinned = self.pinned
+        counts = list(map(pinned.get, ordered, repeat(0)))
+        freed = dict.fromkeys(compress(ordered, map(eq, counts, repeat(1))))
+        if len(freed) < len(counts):  # some held by another request too, or gone
+            pinned.update(compress(zip(ordered, map(sub, counts, repeat(1)), strict=True),
+                                   map(gt, counts, repeat(1))))
+        deque(map(pinned.pop, freed), maxlen=0)
+        self.gens[-1].update(freed)
 
     def oldest(self, n: int) -> list[int]:
         """Remove and return the `n` least recently recorded blocks (fewer if fewer are held)."""

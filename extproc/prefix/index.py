@@ -21,9 +21,9 @@ Operations:
   (extproc/scheduling/scheduler.py), so a decision's answer goes out before the record's inserts
   and evictions, the larger part of a decision at a large pool (docs/scale.md). Every method that
   reads or changes the index flushes first, so no reader ever sees the index without a record
-  already made. With `pin`, the blocks stay held while the request runs (extproc/prefix/pins.py:
-  eviction passes over them, as the engine's does) until `release(endpoint, hashes)` at its end,
-  which records them again as the most recently used.
+  already made. With `pin`, the blocks stay held while the request runs, out of the eviction
+  order (extproc/prefix/generations.py: as the engine keeps in-use blocks out of its free queue)
+  until `release(endpoint, hashes)` at its end puts them back as the most recently used.
 - `remove_endpoint(endpoint)`: purges everything the endpoint held (it left the pool).
 - `on_record(listener)`: listeners see every local `record` (peer sync publishes them);
   `apply(endpoint, hashes)` records what a peer decided without notifying them, so nothing echoes.
@@ -43,12 +43,10 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from itertools import compress, islice
-from operator import not_
+from itertools import islice
 from typing import Protocol
 
-from extproc.prefix.generations import Generations
-from extproc.prefix.pins import Pins
+from extproc.prefix.generations import PIN_BOUND, Generations
 from extproc.prefix.shards import SHARD_MASK, clear_bit, new_shards, shard_len
 
 
@@ -87,7 +85,9 @@ class PrefixIndex:
         # asks with the same pool request after request. Dropped whenever a slot is given or freed.
         self._candidates: tuple[list[str], int, dict[int, str]] | None = None
         self._pending: list[tuple[str, Sequence[int], bool]] = []  # record_later's, oldest first
-        self._pins: dict[str, Pins] = {}  # endpoint -> blocks its running requests hold (pins.py)
+        # endpoint -> id(hashes) -> hashes of each request pinned there (`release` unpins only
+        # what a record pinned; holding the list keeps its id from being reused meanwhile).
+        self._pinned: dict[str, dict[int, Sequence[int]]] = {}
 
     # -- endpoints -------------------------------------------------------------------------
     def _slot_of(self, endpoint: str) -> int:
@@ -131,7 +131,7 @@ class PrefixIndex:
         if slot is None:
             return
         lru = self._lru.pop(endpoint)
-        self._pins.pop(endpoint, None)
+        self._pinned.pop(endpoint, None)
         clear = ~(1 << slot)
         holders = self._holders
         for h in lru:
@@ -207,16 +207,16 @@ class PrefixIndex:
     def on_record(self, listener: Callable[[str, Sequence[int]], None]) -> None:
         self._listeners.append(listener)
 
-    def record(self, endpoint: str, hashes: Sequence[int]) -> None:
-        """Note that `endpoint` now holds these blocks (most recently used); tell the listeners."""
+    def record(self, endpoint: str, hashes: Sequence[int], pin: bool = False) -> None:
+        """Note that `endpoint` now holds these blocks (most recently used); tell the listeners.
+        `pin`: a running request's, held until `release(endpoint, hashes)` with the same list."""
         if self._pending:
             self.flush()
-        self._record(endpoint, hashes)
+        self._record(endpoint, hashes, pin)
 
     def record_later(self, endpoint: str, hashes: Sequence[int], pin: bool = False) -> bool:
         """`record`, deferred until `flush` or the next method that reads the index; True when
-        nothing was pending before (the caller then arranges one `flush`). `pin`: the blocks are
-        a running request's, held until `release(endpoint, hashes)` with the same list."""
+        nothing was pending before (the caller then arranges one `flush`)."""
         if not hashes:
             return False
         first = not self._pending
@@ -229,49 +229,47 @@ class PrefixIndex:
         if pending:
             self._pending = []
             for endpoint, hashes, pin in pending:
-                if pin:
-                    self.pin(endpoint, hashes)
-                self._record(endpoint, hashes)
+                self._record(endpoint, hashes, pin)
 
-    def pin(self, endpoint: str, hashes: Sequence[int]) -> None:
-        """A request routed to `endpoint` holds these blocks until `release` (pins.py)."""
-        pins = self._pins.get(endpoint)
-        if pins is None:
-            pins = self._pins[endpoint] = Pins()
-        pins.add(hashes, self._capacity.get(endpoint, self.default_capacity))
-
-    def release(self, endpoint: str, hashes: Sequence[int], touch: bool = True) -> None:
-        """The request whose blocks `pin` (or `record_later` with `pin`) pinned on `endpoint` with
-        this list ended there: unpin them and, with `touch`, record them again as the most
-        recently used, as the engine's free queue orders a finished request's blocks. The listeners
-        are not told (peers learnt the record; its end is this picker's)."""
+    def release(self, endpoint: str, hashes: Sequence[int]) -> None:
+        """The request whose record pinned these blocks on `endpoint` (the same list) ended there:
+        those no other running request holds go back as the most recently used, as the engine's
+        free queue orders a finished request's blocks. Not told to the listeners (peers learnt
+        the record; its end is this picker's)."""
         if self._pending:
             self.flush()
-        pins = self._pins.get(endpoint)
-        if pins is None or not pins.drop(hashes):
+        requests = self._pinned.get(endpoint)
+        if requests is None or requests.pop(id(hashes), None) is None:
             return
-        if not pins.requests:
-            del self._pins[endpoint]
-        if touch and endpoint in self._slot:
-            # Pinned blocks are held here (eviction passes over them): moved in C by
-            # Generations.touch. Where a `forget` dropped one meanwhile (another request of the
-            # same prompt served elsewhere), only those still held go back, one by one.
-            lru = self._lru[endpoint]
-            blocks = dict.fromkeys(reversed(hashes))
-            if lru.touch(blocks) != len(blocks):
-                bit, holders, newest = 1 << self._slot[endpoint], self._holders, lru.gens[-1]
-                for h in blocks:
-                    if holders[h & SHARD_MASK].get(h, 0) & bit:
-                        newest[h] = None
-                        lru.size += 1
-            lru.roll(self._capacity.get(endpoint, self.default_capacity))
+        if not requests:
+            del self._pinned[endpoint]
+        lru = self._lru[endpoint]
+        lru.unpin(hashes[::-1])
+        capacity = self._capacity.get(endpoint, self.default_capacity)
+        lru.roll(capacity)
+        if lru.size > capacity:
+            self._evict(endpoint, self._slot[endpoint], capacity)
 
-    def _record(self, endpoint: str, hashes: Sequence[int]) -> None:
+    def _record(self, endpoint: str, hashes: Sequence[int], pin: bool = False) -> None:
         if not hashes:
             return
+        if pin:
+            # At most PIN_BOUND capacities pinned: ends that are never reported (an in-process
+            # caller that does not complete) leave a bounded residue; beyond, a request is
+            # recorded unpinned. Not the capacity itself: that is the engine's cache at the
+            # learned bytes per token (capacity.py), the prior's until measured.
+            lru = self._lru.get(endpoint)
+            bound = PIN_BOUND * self._capacity.get(endpoint, self.default_capacity)
+            requests = self._pinned.get(endpoint)
+            if (lru is not None and len(lru.pinned) >= bound) or (requests is not None and id(hashes) in requests):
+                pin = False
+            elif requests is None:
+                self._pinned[endpoint] = {id(hashes): hashes}
+            else:
+                requests[id(hashes)] = hashes
         # Leading blocks last: they become the most recently used, so under pressure a prompt's
         # tail is evicted before its prefix, as vLLM frees the tail blocks of a sequence first.
-        self._insert(endpoint, reversed(hashes))
+        self._insert(endpoint, reversed(hashes), pin)
         for listener in self._listeners:
             listener(endpoint, hashes)
 
@@ -297,14 +295,20 @@ class PrefixIndex:
             if lru is not None:
                 yield endpoint, list(lru)
 
-    def _insert(self, endpoint: str, ordered: Iterable[int]) -> None:
+    def _insert(self, endpoint: str, ordered: Iterable[int], pin: bool = False) -> None:
+        """Record `ordered` (least recently used first) at the newest end, or pinned (out of the
+        order, generations.py)."""
         slot = self._slot_of(endpoint)
         bit = 1 << slot
         lru = self._lru[endpoint]
-        newest = lru.gens[-1]
+        newest, pinned = lru.gens[-1], lru.pinned
         holders = self._holders
         added = 0
         for h in ordered:
+            if pinned and h in pinned:  # a running request's: out of the order until no one runs it
+                if pin:
+                    pinned[h] += 1
+                continue
             if h in newest:  # recorded lately (a hot prefix): moved to the end, nothing else changes
                 del newest[h]
             else:
@@ -317,7 +321,10 @@ class PrefixIndex:
                     # object instead of a fresh int per entry: at slot 255 a mask int is ~60 bytes.
                     shard[h] = held | bit if held else bit
                     added += 1
-            newest[h] = None
+            if pin:
+                pinned[h] = 1
+            else:
+                newest[h] = None
         lru.size += added
         self._entries += added
         capacity = self._capacity.get(endpoint, self.default_capacity)
@@ -337,41 +344,26 @@ class PrefixIndex:
         bit = 1 << slot
         holders = self._holders
         dropped = 0
+        pinned = lru.pinned
         for h in dict.fromkeys(hashes):
             if holders[h & SHARD_MASK].get(h, 0) & bit:
-                lru.unlink(h)
+                if pinned.pop(h, None) is None:
+                    lru.unlink(h)
                 clear_bit(holders, h, ~bit)
                 dropped += 1
         lru.size -= dropped
         self._entries -= dropped
 
     def _evict(self, endpoint: str, slot: int, capacity: int) -> None:
-        """Drop the least recently used blocks beyond `capacity`, passing over pinned ones (moved
-        to the most recently used end, pins.py): with more pinned than `capacity`, the pinned
-        stay. Each block is looked at once at most (the walk stops after `size` of them)."""
+        """Drop the least recently used blocks beyond `capacity`; pinned blocks are out of the
+        order, and while more are pinned than `capacity`, only the unpinned go."""
         lru = self._lru[endpoint]
-        pins = self._pins.get(endpoint)
-        excess = lru.size - (capacity if pins is None else max(capacity, len(pins)))
+        excess = lru.size - max(capacity, len(lru.pinned))
         if excess <= 0:
             return
         clear = ~(1 << slot)
         holders = self._holders
         victims = lru.oldest(excess)
-        if pins is not None:
-            pinned = pins.counts  # the dict itself: `in` in C, not Pins.__contains__ per block
-            walk = lru.size + len(victims)
-            taken = victims
-            victims = []
-            while taken:
-                walk -= len(taken)
-                flags = list(map(pinned.__contains__, taken))
-                if not any(flags):
-                    victims += taken
-                    break
-                kept = list(compress(taken, flags))
-                victims += compress(taken, map(not_, flags))
-                lru.keep(kept)
-                taken = lru.oldest(min(len(kept), walk)) if walk > 0 else []
         for h in victims:
             shard = holders[h & SHARD_MASK]
             mask = shard[h] & clear

@@ -180,7 +180,7 @@ class Scheduler:
                 and chosen.key in request.precise_usable:
             matched = index.leading(chosen.key, request.block_hashes)  # before its record below
         if index is not None:
-            # Pinned while the request runs (extproc/prefix/pins.py); record_later ignores no blocks.
+            # Pinned while the request runs (extproc/prefix/generations.py); record_later ignores no blocks.
             if index.record_later(chosen.key, request.block_hashes, pin=True):
                 _flush_after_answer(index)
             if affinity is not None:
@@ -206,7 +206,7 @@ class Scheduler:
 
     def finished(self, decision: Decision, endpoint: Endpoint) -> None:
         """The response from `endpoint` ended (or the stream did): its blocks are no longer pinned
-        there, and are the most recently used (extproc/prefix/pins.py); tell the observers."""
+        there, and are the most recently used (extproc/prefix/generations.py); tell the observers."""
         if self.index is not None and decision.block_hashes:
             self.index.release(endpoint.key, decision.block_hashes)
         if decision.request is not None:
@@ -225,10 +225,9 @@ class Scheduler:
         if index is None:
             return
         if decision.block_hashes:
-            index.release(decision.primary.key, decision.block_hashes, touch=False)
+            index.release(decision.primary.key, decision.block_hashes)
             index.forget(decision.primary.key, decision.block_hashes[decision.matched_blocks:])
-            index.pin(served.key, decision.block_hashes)
-            index.record(served.key, decision.block_hashes)
+            index.record(served.key, decision.block_hashes, pin=True)
         if decision.affinity_hash is not None:
             if not decision.affinity_hit:
                 index.forget(decision.primary.key, (decision.affinity_hash,))
