@@ -13,7 +13,7 @@ import concurrent.futures
 import json
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +80,43 @@ def test_graceful_close_flag_is_in_the_bootstrap_envoy_gateway_generated(rig: En
     assert runtime["entries"][GRACEFUL]["final_value"] == "true"
 
 
+def records_applied(rig: EnvoyGatewayRig) -> float:
+    """Peers' index records applied, summed over the picker replicas."""
+    return sum(total(scrape(rig, p), "prefix_epp_sync_records_applied_total") for p in rig.picker_pods)
+
+
+def applied_reaches(rig: EnvoyGatewayRig, n: float) -> float:
+    """Wait until the pickers applied `n` peers' records in all; how many they have then."""
+    wait_for(lambda: records_applied(rig) >= n)
+    return records_applied(rig)
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
 def test_shared_prefix_lands_on_one_pod_with_the_decision_header(rig: EnvoyGatewayRig) -> None:
+    # The two pickers share records every 20 ms (sync's flush interval): a request may reach the
+    # other picker sooner than that after the one before it. Each request's record is waited
+    # for at the other picker, so the test asks what the pool knows, not how the race falls.
+    wait_for(lambda: all(total(scrape(rig, p), "prefix_epp_sync_peers_connected") >= 1 for p in rig.picker_pods))
     oa = client(rig)
-    served = set()
+    served, decisions = set(), []
+    applied = records_applied(rig)
     for i in range(6):
         prompt = "You are a careful assistant. " * 120 + f"Question {i}: what is {i} + {i}?"
         raw = oa.completions.with_raw_response.create(model="tiny", prompt=prompt, max_tokens=4)
         assert raw.http_response.status_code == 200
         served.add(served_by(raw))
+        decisions.append(decision(raw))
         assert decision(raw).startswith("endpoint=")
         if i > 0:
             assert "affinity" in decision(raw) or "matched" in decision(raw), decision(raw)
-    assert len(served) == 1, served
+        applied = applied_reaches(rig, applied + 1)
+    assert len(served) == 1, (served, decisions)
     assert served <= {f"{p.ip}:8000" for p in rig.model_pods}
 
 
