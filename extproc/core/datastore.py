@@ -16,6 +16,9 @@ only reads it and moves in-flight counters. Everything runs on one asyncio loop,
   purge the endpoint from the prefix index, so the picker never routes to an endpoint it forgot.
 - `snapshot()` returns an immutable tuple of the current endpoints, rebuilt only on change.
 - `acquire(key)` / `release(key)` count requests the picker routed that have not completed.
+- `changes` (extproc/core/changes.py, shared by every endpoint as `ep.changes`): the keys of the
+  endpoints whose in-flight count or scrape changed, or that were added, in order; the queue
+  ranking recomputes only those.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from extproc.core.changes import Changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,9 @@ class Endpoint:
     inflight_at_scrape: int = 0
     metrics: ModelServerMetrics | None = None
     added_at: float = field(default_factory=time.monotonic)
+    # Its datastore's change log (every endpoint of one datastore shares it): `release` is told
+    # the endpoint alone.
+    changes: Changes = field(default_factory=Changes)
 
     @property
     def address(self) -> str:
@@ -120,6 +128,7 @@ class Datastore:
         self._on_acquired: list[Listener] = []
         self.synced = False  # discovery has listed everything at least once
         self.generation = 0
+        self.changes = Changes()
 
     # -- listeners -----------------------------------------------------------------------
     def on_added(self, fn: Listener) -> None:
@@ -156,8 +165,9 @@ class Datastore:
     def _upsert(self, spec: EndpointSpec) -> None:
         ep = self._endpoints.get(spec.key)
         if ep is None:
-            ep = Endpoint(spec=spec, key=spec.key)
+            ep = Endpoint(spec=spec, key=spec.key, changes=self.changes)
             self._endpoints[spec.key] = ep
+            self.changes.add(spec.key)
             for fn in self._on_added:
                 fn(ep)
         elif ep.spec != spec:
@@ -182,6 +192,7 @@ class Datastore:
             return
         before = ep.metrics.started_at if ep.metrics is not None else -1.0
         ep.metrics = metrics
+        self.changes.add(key)
         if metrics.ok:
             ep.inflight_at_scrape = ep.inflight
             if before > 0 and metrics.started_at > 0 and metrics.started_at != before:
@@ -203,6 +214,7 @@ class Datastore:
         ep = self._endpoints.get(key)
         if ep is not None:
             ep.inflight += 1
+            self.changes.add(key)
             for fn in self._on_acquired:
                 fn(ep)
         return ep
@@ -212,5 +224,6 @@ class Datastore:
         """Release one in-flight request on an endpoint (also if it has since left the pool)."""
         if ep.inflight > 0:
             ep.inflight -= 1
+            ep.changes.add(ep.key)
         if ep.inflight_at_scrape > ep.inflight:
             ep.inflight_at_scrape = ep.inflight

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
 from extproc.kvevents.wire import Cleared, Event, Removed, Stored
-from extproc.prefix.index import leading_in
+from extproc.prefix.generations import leading_in
 from extproc.prefix.shards import SHARD_MASK, clear_bit, new_shards
 
 Source = tuple[str, int]  # (endpoint key, data-parallel rank)

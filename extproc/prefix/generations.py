@@ -50,6 +50,16 @@ from collections.abc import Container, Iterator, Sequence
 from itertools import chain, compress, islice, repeat
 from operator import eq, gt, indexOf, sub
 
+
+def leading_in(held: Container[int], keys: Sequence[int], start: int = 0) -> int:
+    """How many of `keys`, from `keys[start]` on, are in `held` before the first that is not
+    (the walk in C: it stops at that miss)."""
+    try:
+        return indexOf(map(held.__contains__, islice(keys, start, None)), False)
+    except ValueError:
+        return max(len(keys) - start, 0)
+
+
 GENERATIONS = 4
 MIN_GEN = 256
 MAX_GENS = GENERATIONS + 4
@@ -70,7 +80,7 @@ class Generations:
 
     def leading(self, hashes: Sequence[int], start: int) -> int:
         """How many of `hashes`, from `hashes[start]` on, are held here before the first that is
-        not: each generation walks in C from where the run stands (prefix/index.py's leading_in)
+        not: each generation walks in C from where the run stands (as leading_in)
         until none takes it further. A prompt's blocks were recorded together, so the run mostly
         lies in one or two generations."""
         n = len(hashes)

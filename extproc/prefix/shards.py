@@ -19,7 +19,7 @@ Callers inline the lookup, `shards[h & SHARD_MASK].get(h, 0)`, rather than call 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 SHARD_BITS = 10
 SHARDS = 1 << SHARD_BITS
@@ -47,3 +47,29 @@ def clear_bit(shards: list[dict[int, int]], h: int, clear: int) -> None:
         shard[h] = mask
     else:
         shard.pop(h, None)
+
+
+def first_short(shards: list[dict[int, int]], hashes: Sequence[int], start: int, active: int) -> int:
+    """The first of `hashes` from `start` on whose holders do not include all of the mask
+    `active` (len(hashes) if none), for a chain along which the holders only shrink
+    (extproc/prefix/index.py, "Prefix-closed"): probes at start, start + 1, start + 3, ...
+    (doubling steps) until one is short, then a bisection between the last held and it; about
+    2 log2(run) lookups for a run held by all, where a walk takes one per block."""
+    lo, hi, step = start, len(hashes), 1  # blocks [start, lo) held by all; hi: short, or the end
+    while lo < hi:
+        probe = min(lo + step - 1, hi - 1)
+        h = hashes[probe]
+        if shards[h & SHARD_MASK].get(h, 0) & active == active:
+            lo = probe + 1
+            step *= 2
+        else:
+            hi = probe
+            break
+    while lo < hi:
+        mid = (lo + hi) // 2
+        h = hashes[mid]
+        if shards[h & SHARD_MASK].get(h, 0) & active == active:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

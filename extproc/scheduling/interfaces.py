@@ -17,6 +17,7 @@ Scorers that keep state about where requests went (predicted-ttft-scorer's backl
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -129,6 +130,10 @@ class QueueRanker(Protocol):
 
     def queue_costs(self, endpoints: Sequence[Endpoint], keys: Sequence[str]) -> tuple[list[float], list[float]]:
         """(each endpoint's load, what a prompt held whole would wait there), in the order given."""
+
+    def least_waiting(self, k: int, rng: random.Random) -> list[int]:
+        """Positions, in the last `queue_costs` call's list, of the k endpoints where a prompt
+        would wait least; of those tied at the k-th, as many as fit, drawn with `rng`."""
 
 
 class Picker(Protocol):

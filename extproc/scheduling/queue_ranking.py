@@ -16,22 +16,36 @@ size (docs/scale.md). Between two decisions little of it changes. An endpoint's 
    same for every busy endpoint, so their order holds), and a slot wait shortens as the requests
    holding the slots age.
 
-So the ranking keeps each endpoint's load and cost with the in-flight count and metrics they
-were computed from, recomputes only the endpoints where 1-3 happened, and recomputes all of them
-when 4 happened, when the pool is not the one it ranked last, or once its costs are `refresh_s`
-old (RANK_REFRESH_S: 20 ms): time's effect on the order is bounded by 20 ms of drain. At a few
-decisions a second every decision recomputes everything, as before; at hundreds a second the
-full pass is paid once per 20 ms. A new scrape is still applied to the model before its
-endpoint is ranked (1), so the model learns from every scrape as it lands, scored or not (a
-ranking without that had a worse TTFT tail through Envoy: shortlist.py).
+So the ranking keeps each endpoint's load and cost, recomputes only the endpoints where 1-3
+happened, and recomputes all of them when 4 happened, when the pool is not the one it ranked
+last, or once its costs are `refresh_s` old (RANK_REFRESH_S: 20 ms): time's effect on the order is
+bounded by 20 ms of drain. 1 and 2 come from the datastore's change log (extproc/core/changes.py:
+the keys it changed since the position the ranking read last), 3 from the model's `touched`, so a
+decision's work is the number of changes, not the pool's size; a log that dropped keys the
+ranking had not read yet costs a full pass. At a few decisions a second every decision
+recomputes everything, as before; at hundreds a second the full pass is paid once per 20 ms. A
+new scrape is still applied to the model before its endpoint is ranked (1), so the model learns
+from every scrape as it lands, scored or not (a ranking without that had a worse TTFT tail
+through Envoy: shortlist.py).
+
+The shortlist asks for the `least(k)` of them: the ranking keeps the positions sorted by cost,
+moving only the recomputed ones (a bisection each) and, at a full pass, sorting the last order
+again (mostly sorted still), so the least k are the first k; the endpoints tied at the k-th cost
+(an idle pool's are all tied) are drawn at random, so that equal ones do not favour the pool's
+first endpoints. Its key map and its check that the endpoints share one log are redone only when
+the pool changes.
 """
 
 from __future__ import annotations
 
 import math
+import random
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
 
-from extproc.core.datastore import Endpoint, ModelServerMetrics
+from extproc.core.changes import Changes
+from extproc.core.datastore import Endpoint
+from extproc.scheduling.draws import draw_into
 from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
 
@@ -43,10 +57,12 @@ class QueueRanking:
         self.model = model
         self.refresh_s = refresh_s
         self._keys: list[str] = []
+        self._where: dict[str, int] = {}  # key -> position in _keys
         self._loads: list[float] = []
         self._costs: list[float] = []
-        self._inflight: list[int] = []
-        self._metrics: list[ModelServerMetrics | None] = []
+        self._order: list[int] = []  # positions by ascending cost (ties in no particular order)
+        self._changes: Changes | None = None  # the ranked endpoints' change log (all share it), or None
+        self._position = 0  # in _changes, read up to here
         self._at = -math.inf
         self._version = -1
         self.full_passes = 0  # for tests and profiles: how often every endpoint was recomputed
@@ -56,31 +72,65 @@ class QueueRanking:
         both read only, and updated in place by the next call. A load changes only with the
         endpoint's in-flight count or a new scrape (load.py), so it is kept and recomputed with
         the cost."""
-        model = self.model
-        inflight = [ep.inflight for ep in endpoints]
-        metrics = [ep.metrics for ep in endpoints]
-        if now - self._at >= self.refresh_s or model.pool_version != self._version or keys != self._keys:
-            self._version = model.pool_version  # read first: a move during the pass shows next time
-            loads = list(map(endpoint_load, endpoints))
-            self._costs = model.predict_ttfts(endpoints, model.works(endpoints, now), [0.0] * len(endpoints), loads)
-            self._keys, self._loads, self._inflight, self._metrics, self._at = list(keys), loads, inflight, metrics, now
-            model.touched.clear()
-            self.full_passes += 1
-            return loads, self._costs
-        loads, costs, seen_inflight, seen_metrics = self._loads, self._costs, self._inflight, self._metrics
-        changed = [i for i, (n, m, had_n, had_m)
-                   in enumerate(zip(inflight, metrics, seen_inflight, seen_metrics, strict=True))
-                   if n != had_n or m is not had_m]
+        model, log = self.model, self._changes
+        new = log.since(self._position) if log is not None else None
+        if new is None or now - self._at >= self.refresh_s or model.pool_version != self._version \
+                or keys != self._keys:
+            return self._full(endpoints, keys, now)
+        self._position = log.position if log is not None else 0
+        where = self._where
+        changed = set(map(where.get, new))
         touched = model.touched
         if touched:
-            at = set(changed)
-            changed.extend(i for i in map(keys.index, touched.intersection(keys)) if i not in at)
+            changed.update(map(where.get, touched))
             touched.clear()
+        changed.discard(None)
         if changed:
-            eps = [endpoints[i] for i in changed]
+            at = sorted(i for i in changed if i is not None)
+            eps = [endpoints[i] for i in at]
             fresh_loads = list(map(endpoint_load, eps))
             fresh = model.predict_ttfts(eps, model.works(eps, now), [0.0] * len(eps), fresh_loads)
-            for i, load, cost in zip(changed, fresh_loads, fresh, strict=True):
+            loads, costs, order = self._loads, self._costs, self._order
+            for i, load, cost in zip(at, fresh_loads, fresh, strict=True):
+                order.remove(i)  # a scan in C; a bisection by the old cost would trip on a NaN
                 loads[i], costs[i] = load, cost
-                seen_inflight[i], seen_metrics[i] = inflight[i], metrics[i]
+                insort(order, i, key=costs.__getitem__)
+        return self._loads, self._costs
+
+    def _full(self, endpoints: Sequence[Endpoint], keys: Sequence[str], now: float) -> tuple[list[float], list[float]]:
+        model = self.model
+        log = endpoints[0].changes if endpoints else None
+        if keys != self._keys or log is not self._changes:  # another pool, or its first pass
+            self._keys = list(keys)
+            self._where = {k: i for i, k in enumerate(self._keys)}
+            self._order = list(range(len(endpoints)))
+            # One datastore's endpoints share its log; any other list is recomputed at every call.
+            if log is not None and not all(ep.changes is log for ep in endpoints):
+                log = None
+        self._changes = log
+        self._position = log.position if log is not None else 0  # read first: a change during the pass shows next time
+        self._version = model.pool_version
+        loads = list(map(endpoint_load, endpoints))
+        costs = self._costs = model.predict_ttfts(endpoints, model.works(endpoints, now), [0.0] * len(endpoints), loads)
+        self._order.sort(key=costs.__getitem__)  # the last order, mostly still sorted: little to move
+        self._loads, self._at = loads, now
+        model.touched.clear()
+        self.full_passes += 1
         return loads, costs
+
+    def least(self, k: int, rng: random.Random) -> list[int]:
+        """Positions of the k least-waiting endpoints of the last `rank`; of those tied at the
+        k-th cost, as many as fit, drawn at random."""
+        order, cost = self._order, self._costs.__getitem__
+        if k >= len(order):
+            return list(order)
+        if k <= 0:
+            return []
+        edge = cost(order[k - 1])
+        hi = bisect_right(order, edge, key=cost)
+        if hi == k:
+            return order[:k]
+        lo = bisect_left(order, edge, key=cost)
+        tied: set[int] = set()
+        draw_into(tied, hi - lo, k - lo, rng)
+        return order[:lo] + [order[lo + t] for t in tied]

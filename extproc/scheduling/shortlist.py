@@ -12,9 +12,9 @@ a shortlist of at most `limit` of them instead:
 2. the least-waiting quarter of `limit`: ranked by what a prompt held whole would wait there
    (a `QueueRanker` scorer's; predicted-ttft-scorer's prediction for 0 uncached tokens, every
    new scrape applied on the way, kept between decisions where nothing changed:
-   extproc/scheduling/queue_ranking.py), by load
-   (extproc/scheduling/load.py) without one; ties broken from a random offset so that equal
-   ones do not favour the pool's first endpoints. On a busy pool these are what a cold prompt
+   extproc/scheduling/queue_ranking.py, which keeps them sorted: `least_waiting`), by load
+   (extproc/scheduling/load.py, sorted at each decision) without one; ties broken at random so
+   that equal ones do not favour the pool's first endpoints. On a busy pool these are what a cold prompt
    needs; a count of requests alone misses how much prefill each one queues (ranked by it, a
    shortlist of 32 of 64 simulated replicas had a worse TTFT tail than scoring all 64; ranked
    by the queue, level);
@@ -26,8 +26,10 @@ a shortlist of at most `limit` of them instead:
 The request keeps the whole pool (`pool`, `pool_loads`) so that pool-wide quantities (the mean
 load of the reuse and new-prompt bounds, the endpoints whose state is kept) stay the pool's, not
 the shortlist's. What remains per request in the pool size: the index lookup over the candidate
-set, the ranking's check of what changed and its sort, and one pass over the pool's loads for its
-mean (all far cheaper than scoring).
+set, the candidates' keys, the ranking's full pass (every 20 ms: queue_ranking.py, amortised over
+the decisions between) and a sum of the pool's loads for its mean, in C (all far cheaper than
+scoring); the ranking's changes, the least-waiting quarter, the holders' positions and the
+sample cost what they hold, not the pool's size.
 
 Weighted profiles' min-max normalised scorers (queue, in-flight) then normalise over the
 shortlist; without a ranker the least-loaded quarter keeps the pool's minimum in it.
@@ -40,10 +42,9 @@ from collections.abc import Sequence
 
 from extproc.config.settings import MIN_SCORED_ENDPOINTS
 from extproc.core.datastore import Endpoint
+from extproc.scheduling.draws import draw_into
 from extproc.scheduling.interfaces import QueueRanker, SchedulingRequest
 from extproc.scheduling.load import endpoint_load
-
-HOLDERS_BY_INDEX = 8  # up to this many holders are found by searching the keys, more in one pass
 
 
 class Shortlist:
@@ -52,6 +53,8 @@ class Shortlist:
             raise ValueError(f"max_scored_endpoints must be 0 (every candidate) or at least {MIN_SCORED_ENDPOINTS}")
         self.limit = limit
         self._rng = rng or random.Random()
+        self._keys: list[str] = []  # the last pool's keys, and key -> position in it
+        self._where: dict[str, int] = {}
 
     def applies(self, candidates: int) -> bool:
         return 0 < self.limit < candidates
@@ -70,23 +73,21 @@ class Shortlist:
         chosen: set[int] = set()
         held = request.prefix_match.keys() | request.precise_match.keys() | request.affinity_match
         if held:
-            if len(held) <= HOLDERS_BY_INDEX:
-                at = [keys.index(k) for k in held]
-            else:  # one pass rather than one search per holder
-                at = [i for i, k in enumerate(keys) if k in held]
+            if keys != self._keys:  # another pool (the same one compares its strings by identity, in C)
+                self._keys = list(keys)
+                self._where = {k: i for i, k in enumerate(self._keys)}
+            where = self._where
+            at = [where[k] for k in held]
             prefix, precise = request.prefix_match, request.precise_match
             # Blocks of either index (bytes or tokens: a ranking, not a measure), then the load.
             at.sort(key=lambda i: (-max(prefix.get(keys[i], 0), precise.get(keys[i], 0)), loads[i]))
             chosen.update(at[:limit // 2])
-        start = rng.randrange(n)
-        order = [*range(start, n), *range(start)]
-        order.sort(key=waits.__getitem__)  # stable: equal waits stay in the rotated order
-        chosen.update(order[:limit // 4])
-        want = limit - len(chosen)
-        if want > 0:
-            # want + |chosen| distinct draws hold at least `want` not chosen yet.
-            for i in rng.sample(range(n), min(n, want + len(chosen))):
-                if len(chosen) >= limit:
-                    break
-                chosen.add(i)
+        if ranker is not None:
+            chosen.update(ranker.least_waiting(limit // 4, rng))
+        else:
+            start = rng.randrange(n)
+            order = [*range(start, n), *range(start)]
+            order.sort(key=waits.__getitem__)  # stable: equal waits stay in the rotated order
+            chosen.update(order[:limit // 4])
+        draw_into(chosen, n, limit, rng)
         return [endpoints[i] for i in sorted(chosen)]

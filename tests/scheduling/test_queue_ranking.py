@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 from extproc.config.settings import LatencyConfig
+from extproc.core.changes import LIMIT
 from extproc.core.datastore import Datastore, EndpointSpec, ModelServerMetrics
 from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
@@ -82,3 +86,61 @@ def test_the_pools_admission_limit_moving_bumps_the_pool_version() -> None:
     model.work(a, clock.now).slots.limit = 8
     model._share_limits()
     assert model.pool_limit == 8 and model.pool_version == version + 1
+
+
+def test_kept_costs_and_their_order_equal_a_full_recompute_after_any_changes() -> None:
+    """A random walk of routed and answered requests, scrapes and model calls at one instant:
+    after each step the kept loads and costs equal what a full pass computes, from the change
+    log alone (a full pass only where a pool-wide quantity moved), and `least(k)` is k of the
+    least costs."""
+    ds, model, ranking, clock = setup(64)
+    eps = ds.snapshot()
+    keys = [ep.key for ep in eps]
+    rng = random.Random(5)
+    ranking.rank(eps, keys, clock.now)
+    moves = 0
+    for step in range(400):
+        version = model.pool_version
+        ep = rng.choice(eps)
+        what = rng.randrange(5)
+        if what == 0:
+            ds.acquire(ep.key)
+        elif what == 1:
+            Datastore.release(ep)
+        elif what == 2:
+            ds.set_metrics(ep.key, ModelServerMetrics(waiting=rng.randrange(4), running=rng.randrange(4),
+                                                      updated_at=clock.now + step * 1e-9, ok=True))
+        elif what == 3:
+            model.routed(ep, rng.randrange(100, 3000), None, clock.now)
+        else:
+            model.finished(ep, model.mark(ep), clock.now)
+        loads, costs = ranking.rank(eps, keys, clock.now)
+        moves += model.pool_version != version  # a scrape the ranking applied may move it too
+        assert (loads, costs) == exact(model, ds, clock.now)
+        k = rng.randrange(1, 20)
+        least = ranking.least(k, rng)
+        assert len(set(least)) == k and sorted(costs[i] for i in least) == sorted(costs)[:k]
+    assert ranking.full_passes == 1 + moves and moves < 10
+
+
+def test_a_change_log_that_dropped_unread_changes_costs_a_full_pass() -> None:
+    ds, _, ranking, clock = setup()
+    eps = ds.snapshot()
+    keys = [ep.key for ep in eps]
+    ranking.rank(eps, keys, clock.now)
+    for _ in range(2 * LIMIT):
+        ds.acquire(eps[0].key)
+    assert ranking.rank(eps, keys, clock.now)[0][0] == 2 * LIMIT and ranking.full_passes == 2
+
+
+def test_endpoints_tied_at_the_edge_are_drawn_at_random() -> None:
+    ds, _, ranking, clock = setup(64)
+    eps = ds.snapshot()
+    ranking.rank(eps, [ep.key for ep in eps], clock.now)  # an idle pool: every cost is the same
+    rng = random.Random(6)
+    seen: Counter[int] = Counter()
+    for _ in range(2000):
+        least = ranking.least(8, rng)
+        assert len(set(least)) == 8
+        seen.update(least)
+    assert len(seen) == 64 and min(seen.values()) > 150 and max(seen.values()) < 350  # ~250 each

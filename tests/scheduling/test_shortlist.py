@@ -16,6 +16,7 @@ from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServe
 from extproc.prefix.hashing import block_hashes
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler
+from extproc.scheduling.draws import draw_into
 from extproc.scheduling.interfaces import SchedulingRequest
 from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from extproc.scheduling.shortlist import Shortlist
@@ -157,6 +158,9 @@ class Ranked:
     def queue_costs(self, endpoints: Sequence[Endpoint], keys: Sequence[str]) -> tuple[list[float], list[float]]:
         return [float(ep.inflight) for ep in endpoints], self.costs
 
+    def least_waiting(self, k: int, rng: random.Random) -> list[int]:
+        return sorted(range(len(self.costs)), key=self.costs.__getitem__)[:k]
+
 
 def test_the_least_waiting_quarter_follows_the_rankers_queue_not_the_request_count() -> None:
     ds = pool(16)
@@ -196,3 +200,20 @@ def test_the_scorers_ranking_is_its_prediction_for_a_prompt_held_whole_and_reads
     queued = 20 * model.work(c, clock.now).mean_uncached  # at least 20 mean requests wait there
     assert loads[2] == 21.0 and queued > 200
     assert costs[2] == pytest.approx(10 + queued * 0.1 + math.ceil(queued / 1000) * 0.5 * 21)
+
+
+def test_the_draws_fill_the_shortlist_with_distinct_uniform_positions() -> None:
+    rng = random.Random(7)
+    seen: Counter[int] = Counter()
+    for _ in range(4000):
+        chosen = {0, 1}
+        draw_into(chosen, 40, 10, rng)
+        assert len(chosen) == 10 and {0, 1} <= chosen and max(chosen) < 40
+        seen.update(chosen - {0, 1})
+    # 8 of 38 each time: ~842 each (sd ~26)
+    assert len(seen) == 40 - 2 and min(seen.values()) > 690 and max(seen.values()) < 1000
+    everything: set[int] = set()
+    draw_into(everything, 33, 32, rng)  # nearly the whole pool: drawn until it is there
+    assert len(everything) == 32
+    draw_into(everything, 5, 32, rng)
+    assert everything >= set(range(5))

@@ -66,6 +66,7 @@ a calibration sample where the engine exports no TTFT histogram).
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable, Sequence
 
@@ -200,7 +201,7 @@ class PredictedTtftScorer:
         predictions = request.predictions
         family = request.block_hashes[0] if request.block_hashes else None
         works = model.works(endpoints, now)
-        loads = [endpoint_load(ep) for ep in endpoints]
+        loads = list(map(endpoint_load, endpoints))
         most = max(cached, default=0.0)
         home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
         # A prompt no candidate holds is placed by cache room (3. above), among the other families;
@@ -238,7 +239,9 @@ class PredictedTtftScorer:
             if c.eviction_weight and (hit < held or mean_homes > 0 or mean_churn > 0):
                 # The recompute a full cache displaces, per token placed there.
                 evict_ms = c.eviction_weight * full * c.prefill_ms_per_token * w.slowdown
-                cost += evict_ms * max(0.0, held - hit)
+                displaced = held - hit
+                if displaced > 0.0:  # max(0.0, held - hit), without the call per candidate
+                    cost += evict_ms * displaced
                 if mean_churn > 0:
                     cost += evict_ms * fresh * w.churn / mean_churn
                 elif mean_homes > 0:
@@ -249,7 +252,10 @@ class PredictedTtftScorer:
             # A credit never makes a cost vanish or turn negative: floored at the endpoint's own
             # fixed cost, in its calibrated scale (an engine measured 10x faster than the prior
             # predicts below the prior's overhead, and one floor for all would tie them).
-            costs.append(max(cost, c.overhead_ms * w.slowdown, 1e-3))
+            floor = c.overhead_ms * w.slowdown
+            if floor < 1e-3:
+                floor = 1e-3
+            costs.append(floor if cost < floor else cost)  # max(cost, floor): a NaN stays NaN, as there
         if most <= 0:
             self._bound_new_prompt(request, loads, works, costs)
         best = min(costs, default=1e-3)
@@ -267,6 +273,10 @@ class PredictedTtftScorer:
         from the states as they were (no scrape applied) had a worse TTFT tail through Envoy at
         64 simulated replicas than scoring every one; this one was level."""
         return self.ranking.rank(endpoints, keys, self._clock())
+
+    def least_waiting(self, k: int, rng: random.Random) -> list[int]:
+        """QueueRanker: the k least-waiting of the last `queue_costs` (queue_ranking.py keeps them sorted)."""
+        return self.ranking.least(k, rng)
 
     def _bound_new_prompt(self, request: SchedulingRequest, loads: Sequence[float],
                           works: Sequence[EndpointWork], costs: list[float]) -> None:
