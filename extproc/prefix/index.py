@@ -250,10 +250,7 @@ class PrefixIndex:
             del self._pinned[endpoint]
         lru = self._lru[endpoint]
         lru.unpin(hashes[::-1])
-        capacity = self._capacity.get(endpoint, self.default_capacity)
-        lru.roll(capacity)
-        if lru.size > capacity:
-            self._evict(endpoint, self._slot[endpoint], capacity)
+        self._settle(endpoint, self._slot[endpoint], lru)
 
     def _record(self, endpoint: str, hashes: Sequence[int], pin: bool = False) -> None:
         if not hashes:
@@ -332,6 +329,11 @@ class PrefixIndex:
                 newest[h] = None
         lru.size += added
         self._entries += added
+        self._settle(endpoint, slot, lru)
+
+    def _settle(self, endpoint: str, slot: int, lru: Generations) -> None:
+        """After blocks joined the newest generation: open a new one if it is full, and evict
+        what lies beyond the endpoint's capacity."""
         capacity = self._capacity.get(endpoint, self.default_capacity)
         lru.roll(capacity)
         if lru.size > capacity:

@@ -74,19 +74,18 @@ class QueueRanking:
         the cost."""
         model, log = self.model, self._changes
         new = log.since(self._position) if log is not None else None
-        if new is None or now - self._at >= self.refresh_s or model.pool_version != self._version \
-                or keys != self._keys:
+        if log is None or new is None or now - self._at >= self.refresh_s \
+                or model.pool_version != self._version or keys != self._keys:
             return self._full(endpoints, keys, now)
-        self._position = log.position if log is not None else 0
+        self._position = log.position
         where = self._where
         changed = set(map(where.get, new))
         touched = model.touched
         if touched:
             changed.update(map(where.get, touched))
             touched.clear()
-        changed.discard(None)
-        if changed:
-            at = sorted(i for i in changed if i is not None)
+        at = sorted(i for i in changed if i is not None)  # None: a key of another pool
+        if at:
             eps = [endpoints[i] for i in at]
             fresh_loads = list(map(endpoint_load, eps))
             fresh = model.predict_ttfts(eps, model.works(eps, now), [0.0] * len(eps), fresh_loads)
