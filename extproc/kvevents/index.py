@@ -91,9 +91,11 @@ class PreciseIndex:
         self._next_bit = 0
         self._capacity: dict[str, int] = {}
         self._queue: deque[tuple[float, _Speculative, Sequence[int]]] = deque()
-        # The last candidate list `match` saw, its slots' mask and bit -> slot (as in
-        # extproc/prefix/index.py); dropped whenever a slot is made or an endpoint removed.
-        self._candidates: tuple[list[str], int, dict[int, _Confirmed | _Speculative]] | None = None
+        # The last candidate list `match` saw (and as a set), its slots' mask and bit -> slot (as
+        # in extproc/prefix/index.py); a slot made for one of them joins it (each endpoint's first
+        # routing makes its speculative slot: a pool's first decisions would each rebuild it),
+        # and an endpoint removed drops it.
+        self._candidates: tuple[list[str], frozenset[str], int, dict[int, _Confirmed | _Speculative]] | None = None
         self.lora_names: set[str] = set()
         self.last_block_size = 0  # block_size of the latest BlockStored
         self.entries = 0  # confirmed (slot, key) entries
@@ -112,8 +114,7 @@ class PreciseIndex:
         if slot is None:
             slot = _Confirmed(self._new_bit(source[0]), source[0])
             self._confirmed[source] = slot
-            self._slots_of.setdefault(source[0], []).append(slot)
-            self._candidates = None
+            self._add_slot(slot)
         return slot
 
     def _speculative_slot(self, endpoint: str) -> _Speculative:
@@ -121,9 +122,15 @@ class PreciseIndex:
         if slot is None:
             slot = _Speculative(self._new_bit(endpoint), endpoint)
             self._speculative[endpoint] = slot
-            self._slots_of.setdefault(endpoint, []).append(slot)
-            self._candidates = None
+            self._add_slot(slot)
         return slot
+
+    def _add_slot(self, slot: _Confirmed | _Speculative) -> None:
+        self._slots_of.setdefault(slot.endpoint, []).append(slot)
+        cached = self._candidates
+        if cached is not None and slot.endpoint in cached[1]:
+            cached[3][slot.bit] = slot
+            self._candidates = (cached[0], cached[1], cached[2] | 1 << slot.bit, cached[3])
 
     def _clear_bit(self, key: int, bit: int) -> None:
         clear_bit(self._holders, key, ~(1 << bit))
@@ -343,7 +350,7 @@ class PreciseIndex:
         listed = candidates if isinstance(candidates, list) else list(candidates)
         cached = self._candidates
         if cached is not None and cached[0] == listed:
-            return cached[1], cached[2]
+            return cached[2], cached[3]
         active = 0
         by_bit: dict[int, _Confirmed | _Speculative] = {}
         slots_of = self._slots_of
@@ -352,7 +359,7 @@ class PreciseIndex:
                 if isinstance(slot, _Confirmed | _Speculative):
                     active |= 1 << slot.bit
                     by_bit[slot.bit] = slot
-        self._candidates = (list(listed), active, by_bit)
+        self._candidates = (list(listed), frozenset(listed), active, by_bit)
         return active, by_bit
 
     def _assign(self, mask: int, matched: int, result: dict[str, int]) -> None:

@@ -29,10 +29,12 @@ Request path (never waits on a subscriber):
   `--kv-events-speculative-ttl`, 2 s, from the time queued), made by `flush` or the next `match`
   (the scheduler flushes after its answer); `on_record` listeners see them when they are made
   (peer sync shares them), `apply_speculative` records a peer's without telling the listeners.
-  A timer on the event loop drops each record's entries when they come due, between decisions:
-  `match` drops whatever is due too (its answer never counts an expired entry), but finds little
-  left to do. At 256 endpoints, dropping one 8k-token prompt's 500 entries from holders of millions
-  was a tenth of a precise decision (docs/scale.md).
+  A timer on the event loop drops each record's entries between decisions, a hundredth of the TTL
+  before they come due (so the decisions arriving right after do not race it): `match` drops
+  whatever is due too (its answer never counts an expired entry), but finds little left to do. At
+  256 endpoints, dropping one 8k-token prompt's 500 entries from holders of millions was a tenth
+  of a precise decision on average, and half a millisecond where a decision paid for it
+  (docs/scale.md).
 
 Maintenance every `maintenance_interval_s` (0.5 s): expire speculative entries, size each
 endpoint's slots from its scraped `num_gpu_blocks`, refresh the block size.
@@ -43,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -54,10 +57,13 @@ from extproc.core.datastore import Datastore, Endpoint
 from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.keys import KeyChain, chain_keys, key_seed
 from extproc.kvevents.lookahead import HeldPrefix
-from extproc.kvevents.subscriber import Loss, SourceAddress, Subscriber, SubscriberStats
+from extproc.kvevents.subscriber import Loss, SourceAddress, SourceState, Subscriber, SubscriberStats
 
 log = logging.getLogger("prefix_epp.kvevents")
-EXPIRY_LATE_S = 0.001
+# The expiry timer drops entries this share of the TTL before it ends (20 ms of the default 2 s):
+# on time, the drop would race the decisions arriving just after (each then pays for it, a
+# decision's tail at 256 endpoints: docs/scale.md), and records coming due together go in one call.
+EXPIRY_EARLY_SHARE = 0.01
 
 
 def _tcp(host: str, port: int) -> str:
@@ -110,6 +116,9 @@ class KVEventsManager:
         self._subs: dict[str, list[Subscriber]] = {}
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._awaiting: dict[str, float] = {}  # endpoint -> first routing since its last message
+        # usable_among's last answer: ((states' revision, this manager's), valid until, candidates, usable).
+        self._usable: tuple[tuple[int, int], float, list[str], frozenset[str]] | None = None
+        self._revision = 0  # bumped when an endpoint's subscriptions come or go, or it speaks after a silence
         self._capacity: dict[str, int] = {}
         self._listeners: list[Callable[[str, Sequence[int]], None]] = []
         self._pending: list[tuple[str, Sequence[int], float]] = []  # record_later's, oldest first
@@ -131,6 +140,7 @@ class KVEventsManager:
         subs = [Subscriber(a, self._ctx, self.index, self.config, self.stats, self._clock,
                            on_heard=self._heard, loss=self._loss) for a in addresses]
         self._subs[ep.key] = subs
+        self._revision += 1
         self._tasks[ep.key] = [supervise(f"kv-events {s.address.events}", s.run, restart_on_return=False).task
                                for s in subs]
         log.info("kv events subscribed", extra={"endpoint": ep.key, "events": [a.events for a in addresses],
@@ -142,6 +152,7 @@ class KVEventsManager:
             task.cancel()
         self._subs.pop(ep.key, None)
         self._awaiting.pop(ep.key, None)
+        self._revision += 1
         self._capacity.pop(ep.key, None)
         self.index.remove_endpoint(ep.key)
 
@@ -151,7 +162,9 @@ class KVEventsManager:
             sub.publisher_restarted()
 
     def _heard(self, endpoint: str) -> None:
-        self._awaiting.pop(endpoint, None)
+        since = self._awaiting.pop(endpoint, None)
+        if since is not None and self._clock() - since > self.config.silence_timeout_s:
+            self._revision += 1  # it was silent, so not usable: now it is
 
     def now(self) -> float:
         return self._clock()
@@ -172,6 +185,7 @@ class KVEventsManager:
             tasks = [t for ts in self._tasks.values() for t in ts]
             self._tasks.clear()
             self._subs.clear()
+            self._revision += 1
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -225,26 +239,50 @@ class KVEventsManager:
         return self.config.max_blocks * self.block_size
 
     def usable(self, endpoint: str, now: float) -> bool:
-        return bool(self.usable_among((endpoint,), now))
+        return bool(self._usable_now((endpoint,), now)[0])
 
     def usable_among(self, candidates: Sequence[str], now: float) -> frozenset[str]:
-        """The candidates whose events are usable now (the module docstring's rule); one pass with
-        the settings read once: the request path asks it for every candidate."""
+        """The candidates whose events are usable now (the module docstring's rule). The request
+        path asks it for the whole pool at every decision, and the answer changes only when a
+        source's state does (`SourceState.revision`), an endpoint joins, leaves or is heard from
+        after a silence, or time reaches the next moment one of them changes by itself (an
+        uncertain source's window ends, a routed endpoint's silence runs out): the last answer is
+        kept until one of these, so a decision pays for a pass over the pool only after a change."""
+        kept = self._usable
+        revision = (SourceState.revision, self._revision)
+        if kept is not None and kept[0] == revision and now < kept[1] and kept[2] == candidates:
+            return kept[3]
+        usable, until = self._usable_now(candidates, now)
+        # The revision read after the pass: a window that ended in it changed a state.
+        self._usable = ((SourceState.revision, self._revision), until, list(candidates), usable)
+        return usable
+
+    def _usable_now(self, candidates: Sequence[str], now: float) -> tuple[frozenset[str], float]:
+        """(the usable candidates, the next time that answer can change with time alone); one pass
+        with the settings read once."""
         subs_of, awaiting = self._subs, self._awaiting
         window, silence = self.config.resync_window_s, self.config.silence_timeout_s
         usable = []
+        until = math.inf
         for ep in candidates:
             subs = subs_of.get(ep)
             if not subs:
                 continue
             for sub in subs:
-                if not sub.state.usable(now, window):
+                st = sub.state
+                if not st.usable(now, window):
+                    if st.fresh_since is not None and st.fresh_since + window < until:
+                        until = st.fresh_since + window
                     break
             else:
                 since = awaiting.get(ep)
-                if since is None or now - since <= silence:
+                if since is None:
                     usable.append(ep)
-        return frozenset(usable)
+                elif now - since <= silence:
+                    usable.append(ep)
+                    if since + silence < until:
+                        until = since + silence
+        return frozenset(usable), until
 
     def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]:
         if self._pending:
@@ -279,16 +317,20 @@ class KVEventsManager:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        # A millisecond late: records that come due together go in one call.
-        self._expiry = loop.call_later(max(due - self._clock(), 0.0) + EXPIRY_LATE_S, self._expire_due)
+        early = self.config.speculative_ttl_s * EXPIRY_EARLY_SHARE
+        self._expiry = loop.call_later(max(due - early - self._clock(), 0.0), self._expire_due)
 
     def _expire_due(self) -> None:
         self._expiry = None
-        self.index.expire(self._clock())
+        self.index.expire(self._clock() + self.config.speculative_ttl_s * EXPIRY_EARLY_SHARE)
         self._arm_expiry()
 
     def _record(self, endpoint: str, keys: Sequence[int], now: float) -> None:
-        self._awaiting.setdefault(endpoint, now)
+        if endpoint not in self._awaiting:
+            self._awaiting[endpoint] = now
+            kept = self._usable  # usable until its silence runs out: the kept answer holds no longer
+            if kept is not None and now + self.config.silence_timeout_s < kept[1]:
+                self._usable = (kept[0], now + self.config.silence_timeout_s, kept[2], kept[3])
         self.index.record_speculative(endpoint, keys, now)
         for listener in self._listeners:
             listener(endpoint, keys)

@@ -43,6 +43,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import zmq
 import zmq.asyncio
@@ -72,6 +73,11 @@ class SourceAddress:
         return (self.endpoint, self.rank)
 
 
+# What `SourceState.usable` reads, apart from the time: a change to one of them bumps `revision`
+# (heard_at only when it is first set: later it moves with every message and decides nothing).
+_USABILITY = frozenset({"heard_at", "uncertain_since", "fresh_since", "replaying"})
+
+
 @dataclass(slots=True)
 class SourceState:
     next_seq: int | None = None
@@ -80,6 +86,14 @@ class SourceState:
     fresh_since: float | None = None  # first event applied after the source became uncertain
     reason: str = "never-heard"
     replaying: bool = False
+    # Bumped when any source's usability may have changed other than by time passing, so the
+    # manager can keep its answer for a whole pool between changes (manager.py: usable_among).
+    revision: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _USABILITY and (name != "heard_at" or getattr(self, "heard_at", None) is None):
+            SourceState.revision += 1
+        object.__setattr__(self, name, value)
 
     def usable(self, now: float, window_s: float) -> bool:
         if self.heard_at is None or self.replaying:

@@ -19,7 +19,7 @@ starts a new block, turn k's hashes are exactly the first hashes of turn k+1, in
 tail block of its last message; fixed offsets over the concatenation would instead hash that tail
 together with the next turn's text. Completions have one segment, so this is plain fixed-size
 chunking. Using the previous hash as the xxh64 seed (rather than appending it to the block) hashes
-each block in place, without building a new bytes object.
+each block as it is, without joining the hash to it.
 """
 
 from __future__ import annotations
@@ -48,12 +48,18 @@ def block_hashes(
         raise ValueError("block_size must be positive")
     h = prefix_seed(model, cache_salt)
     out: list[int] = []
+    append, hash_block = out.append, _xxh64
+    left = max_blocks
     for seg in segments:
-        view = memoryview(seg)
-        n = len(view)
+        n = len(seg)
+        blocks = -(-n // block_size)
+        if blocks > left:
+            n, blocks = left * block_size, left
+        # A bytes slice per block: cheaper than a memoryview slice (~30% of the loop at 8k tokens).
         for start in range(0, n, block_size):
-            if len(out) >= max_blocks:
-                return out
-            h = _xxh64(view[start : start + block_size], h)
-            out.append(h)
+            h = hash_block(seg[start:start + block_size], h)
+            append(h)
+        left -= blocks
+        if left <= 0:
+            break
     return out

@@ -237,6 +237,12 @@ class LatencyModel(Calibration):
             out.append(ttft)
         return out
 
+    def moves_with_time(self, w: EndpointWork, load: float) -> bool:
+        """Whether `predict_ttfts` for this state can change with time alone (nothing routed,
+        answered or scraped): only a backlog draining or a slot wait whose holders age do; the
+        rest of the prediction reads what only those events change."""
+        return w.backlog > 0.0 or w.slots.may_wait(load, self.pool_limit)
+
     def decode_ms(self, ep: Endpoint, output_tokens: int) -> float:
         """Predicted decode time of `output_tokens` on `ep` without slowdown; -1 when unknown."""
         if output_tokens <= 0:

@@ -17,16 +17,21 @@ size (docs/scale.md). Between two decisions little of it changes. An endpoint's 
    holding the slots age.
 
 So the ranking keeps each endpoint's load and cost, recomputes only the endpoints where 1-3
-happened, and recomputes all of them when 4 happened, when the pool is not the one it ranked
-last, or once its costs are `refresh_s` old (RANK_REFRESH_S: 20 ms): time's effect on the order is
-bounded by 20 ms of drain. 1 and 2 come from the datastore's change log (extproc/core/changes.py:
-the keys it changed since the position the ranking read last), 3 from the model's `touched`, so a
-decision's work is the number of changes, not the pool's size; a log that dropped keys the
-ranking had not read yet costs a full pass. At a few decisions a second every decision
-recomputes everything, as before; at hundreds a second the full pass is paid once per 20 ms. A
-new scrape is still applied to the model before its endpoint is ranked (1), so the model learns
-from every scrape as it lands, scored or not (a ranking without that had a worse TTFT tail
-through Envoy: shortlist.py).
+happened, and recomputes all of them when 4 happened (at once where a scrape it applied moved the
+pool's quantity, so that no answer mixes two pool limits) or when the pool is not the one it
+ranked last. 1 and 2 come from the datastore's change log (extproc/core/changes.py: the keys it changed
+since the position the ranking read last), 3 from the model's `touched`, so a decision's work is
+the number of changes, not the pool's size; a log that dropped keys the ranking had not read yet
+costs a full pass. For 5, the ranking keeps the positions whose last prediction moves with time
+(`LatencyModel.moves_with_time`: a backlog, or a request that would wait for a slot) and
+recomputes them once its costs are `refresh_s` old (RANK_REFRESH_S: 20 ms), so time's effect on
+the order is bounded by 20 ms of drain; every other endpoint's prediction stays what it was until
+1-4 happens to it, exactly what a full pass would compute (tests/scheduling/test_queue_ranking.py
+walks time, routings, ends and scrapes and compares at every refresh). A low request rate
+therefore no longer pays a pass over an idle pool at each decision (it did: at 256 endpoints a
+full pass cost as much as the rest of a decision's ranking). A new scrape is still applied to the model before its
+endpoint is ranked (1), so the model learns from every scrape as it lands, scored or not (a
+ranking without that had a worse TTFT tail through Envoy: shortlist.py).
 
 The shortlist asks for the `least(k)` of them: the ranking keeps the positions sorted by cost,
 moving only the recomputed ones (a bisection each) and, at a full pass, sorting the last order
@@ -50,6 +55,9 @@ from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
 
 RANK_REFRESH_S = 0.02
+# Recomputed positions beyond this share of the pool are sorted again, not moved one by one (each
+# move scans the order).
+RESORT_SHARE = 8
 
 
 class QueueRanking:
@@ -61,9 +69,10 @@ class QueueRanking:
         self._loads: list[float] = []
         self._costs: list[float] = []
         self._order: list[int] = []  # positions by ascending cost (ties in no particular order)
+        self._timed: set[int] = set()  # positions whose last prediction moves with time
         self._changes: Changes | None = None  # the ranked endpoints' change log (all share it), or None
         self._position = 0  # in _changes, read up to here
-        self._at = -math.inf
+        self._at = -math.inf  # the last time-driven refresh
         self._version = -1
         self.full_passes = 0  # for tests and profiles: how often every endpoint was recomputed
 
@@ -74,27 +83,45 @@ class QueueRanking:
         the cost."""
         model, log = self.model, self._changes
         new = log.since(self._position) if log is not None else None
-        if log is None or new is None or now - self._at >= self.refresh_s \
-                or model.pool_version != self._version or keys != self._keys:
+        if log is None or new is None or model.pool_version != self._version or keys != self._keys:
             return self._full(endpoints, keys, now)
         self._position = log.position
         where = self._where
-        changed = set(map(where.get, new))
+        changed: set[int | None] = set(map(where.get, new))
         touched = model.touched
         if touched:
             changed.update(map(where.get, touched))
             touched.clear()
+        if now - self._at >= self.refresh_s:
+            changed |= self._timed
+            self._at = now
         at = sorted(i for i in changed if i is not None)  # None: a key of another pool
         if at:
-            eps = [endpoints[i] for i in at]
-            fresh_loads = list(map(endpoint_load, eps))
-            fresh = model.predict_ttfts(eps, model.works(eps, now), [0.0] * len(eps), fresh_loads)
-            loads, costs, order = self._loads, self._costs, self._order
-            for i, load, cost in zip(at, fresh_loads, fresh, strict=True):
-                order.remove(i)  # a scan in C; a bisection by the old cost would trip on a NaN
-                loads[i], costs[i] = load, cost
-                insort(order, i, key=costs.__getitem__)
+            self._recompute(endpoints, at, now)
+            if model.pool_version != self._version:  # a scrape it applied moved a pool-wide quantity
+                return self._full(endpoints, keys, now)
         return self._loads, self._costs
+
+    def _recompute(self, endpoints: Sequence[Endpoint], at: list[int], now: float) -> None:
+        model = self.model
+        eps = [endpoints[i] for i in at]
+        fresh_loads = list(map(endpoint_load, eps))
+        works = model.works(eps, now)
+        fresh = model.predict_ttfts(eps, works, [0.0] * len(eps), fresh_loads)
+        loads, costs, order, timed, moves = self._loads, self._costs, self._order, self._timed, model.moves_with_time
+        resort = len(at) * RESORT_SHARE > len(order)
+        for i, w, load, cost in zip(at, works, fresh_loads, fresh, strict=True):
+            if not resort:
+                order.remove(i)  # a scan in C; a bisection by the old cost would trip on a NaN
+            loads[i], costs[i] = load, cost
+            if not resort:
+                insort(order, i, key=costs.__getitem__)
+            if moves(w, load):
+                timed.add(i)
+            else:
+                timed.discard(i)
+        if resort:
+            order.sort(key=costs.__getitem__)
 
     def _full(self, endpoints: Sequence[Endpoint], keys: Sequence[str], now: float) -> tuple[list[float], list[float]]:
         model = self.model
@@ -108,10 +135,13 @@ class QueueRanking:
                 log = None
         self._changes = log
         self._position = log.position if log is not None else 0  # read first: a change during the pass shows next time
-        self._version = model.pool_version
         loads = list(map(endpoint_load, endpoints))
-        costs = self._costs = model.predict_ttfts(endpoints, model.works(endpoints, now), [0.0] * len(endpoints), loads)
+        works = model.works(endpoints, now)
+        self._version = model.pool_version  # after the scrapes `works` applied: the costs below read it
+        costs = self._costs = model.predict_ttfts(endpoints, works, [0.0] * len(endpoints), loads)
         self._order.sort(key=costs.__getitem__)  # the last order, mostly still sorted: little to move
+        moves = model.moves_with_time
+        self._timed = {i for i, (w, load) in enumerate(zip(works, loads, strict=True)) if moves(w, load)}
         self._loads, self._at = loads, now
         model.touched.clear()
         self.full_passes += 1

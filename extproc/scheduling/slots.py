@@ -138,12 +138,10 @@ class SlotState:
         is and no ages bound it; with `now`, T and the wait no less than the ages of the picker's
         own requests say; `pool_limit` stands for L until the endpoint shows its own (module
         docstring)."""
+        if not self.may_wait(load, pool_limit):
+            return 0.0
         limit, t = (self.limit if self.limit > 0 else pool_limit), self.occupancy_ms
-        if limit <= 0:
-            return 0.0
         ahead = load - limit + 1
-        if ahead <= 0:
-            return 0.0
         slots = int(limit)
         holders: list[float] = []
         if now is not None and slots <= ORDER_LIMIT and len(self.admitted) >= load:
@@ -159,6 +157,12 @@ class SlotState:
             k = int(ahead) - 1
             wait = max(wait, remaining[k % slots] + (k // slots) * t)
         return wait
+
+    def may_wait(self, load: float, pool_limit: float = -1.0) -> bool:
+        """A slot wait is possible: L is known and a request would have `ahead` > 0. Otherwise
+        `wait_ms` is 0 whatever the time (only the ages of the holders move with it)."""
+        limit = self.limit if self.limit > 0 else pool_limit
+        return limit > 0 and load - limit + 1 > 0
 
     def describe(self, pool_limit: float = -1.0) -> str:
         if self.limit > 0:

@@ -11,7 +11,7 @@ import zmq.asyncio
 
 from extproc.core.datastore import Datastore, EndpointSpec, ModelServerMetrics
 from extproc.kvevents.keys import chain_keys, key_seed
-from extproc.kvevents.manager import KVEventsManager
+from extproc.kvevents.manager import EXPIRY_EARLY_SHARE, KVEventsManager
 from extproc.kvevents.subscriber import Loss
 from extproc.tokenization.builtin import encode
 from prefix_epp_sim.config import KVEventsEncoding
@@ -247,8 +247,8 @@ def test_a_speculative_record_made_later_is_seen_by_the_next_match() -> None:
 
 
 async def test_speculative_entries_are_dropped_when_due_between_decisions() -> None:
-    """A timer drops each record's entries once they come due, no lookup needed (a decision's
-    lookup then finds none to drop); a later record keeps its own time."""
+    """A timer drops each record's entries as they come due (a hundredth of the TTL early), no
+    lookup needed (a decision's lookup then finds none to drop); a later record keeps its own time."""
     ds = Datastore()
     ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
     ttl = 0.1
@@ -262,7 +262,7 @@ async def test_speculative_entries_are_dropped_when_due_between_decisions() -> N
     m.record_later(ep, [8, 9])
     m.flush()
     await wait_for(lambda: m.index.speculative(ep) == 2)  # the first record's three went, by the timer
-    assert m.now() >= first + ttl and m.index.next_expiry() is not None
+    assert m.now() >= first + ttl * (1 - EXPIRY_EARLY_SHARE) and m.index.next_expiry() is not None
     await wait_for(lambda: m.index.speculative(ep) == 0 and m.index.next_expiry() is None)
 
 
@@ -284,5 +284,41 @@ def test_usable_among_applies_every_rule_to_each_candidate() -> None:
     # eps[6]: no subscriber at all
     assert m.usable_among(eps, now[0]) == frozenset({eps[0], eps[4]})
     assert [m.usable(ep, now[0]) for ep in eps] == [True, False, False, False, True, False, False]
-    m._awaiting[eps[5]] = 96.0  # 4 s ago: within the silence timeout
+    m._heard(eps[5])  # a message after the silence: usable again
     assert m.usable_among(eps, now[0]) == frozenset({eps[0], eps[4], eps[5]})
+
+
+def test_usable_among_keeps_its_answer_until_a_state_an_endpoint_or_the_time_changes_it() -> None:
+    """The pool's answer is kept between decisions (the same object comes back) and redone when
+    a source's state changes, an endpoint joins, leaves or speaks after a silence, or the time
+    reaches an uncertain source's end of window or a routed endpoint's end of silence."""
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in range(1, 6)])
+    now = [100.0]
+    cfg = replace(FAST, resync_window_s=1.0, silence_timeout_s=5.0, speculative_ttl_s=0.0)
+    m = KVEventsManager(cfg, ds, clock=lambda: now[0])
+    eps = [f"10.0.0.{i}:8000" for i in range(1, 6)]
+    heard_from(m, eps[:4], 90.0)
+    first = m.usable_among(eps, now[0])
+    assert first == frozenset(eps[:4]) and m.usable_among(list(eps), now[0]) is first
+    state = m._subs[eps[0]][0].state
+    state.uncertain_since = 100.0  # a resync
+    assert m.usable_among(eps, now[0]) == frozenset(eps[1:4])
+    state.fresh_since = 100.5  # fresh events since: usable once the 1 s window has passed
+    now[0] = 101.4
+    kept = m.usable_among(eps, now[0])
+    assert kept == frozenset(eps[1:4]) and m.usable_among(eps, now[0]) is kept
+    now[0] = 101.5
+    assert m.usable_among(eps, now[0]) == frozenset(eps[:4])
+    m.record_later(eps[1], [1, 2])  # routed at 101.5: silent after 106.5 unless a message comes
+    m.flush()
+    now[0] = 106.5
+    assert m.usable_among(eps, now[0]) == frozenset(eps[:4])
+    now[0] = 106.6
+    assert m.usable_among(eps, now[0]) == frozenset({eps[0], eps[2], eps[3]})
+    m._heard(eps[1])
+    assert m.usable_among(eps, now[0]) == frozenset(eps[:4])
+    heard_from(m, eps[4:], now[0])  # a subscription that hears its publisher
+    assert m.usable_among(eps, now[0]) == frozenset(eps)
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in range(2, 6)])  # 10.0.0.1 leaves
+    assert m.usable_among(eps, now[0]) == frozenset(eps[1:])

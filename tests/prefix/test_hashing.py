@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
-from extproc.prefix.hashing import affinity_hash, block_hashes
+import xxhash
+
+from extproc.prefix.hashing import affinity_hash, block_hashes, prefix_seed
 
 BS, MAX = 64, 256  # block size in bytes, blocks at most
 
@@ -17,6 +20,21 @@ def test_blocks_and_cap() -> None:
     assert len(hashes([b"x" * 65], "m")) == 2
     assert len(hashes([b"x" * 640], "m", max_blocks=4)) == 4
     assert hashes([], "m") == []
+
+
+def test_the_definition_over_random_segments_block_sizes_and_caps() -> None:
+    """h_i = xxh64(block_i, seed=h_(i-1)) from the model's seed, blocks cut per segment (empty ones
+    included), at most max_blocks (a cap may fall inside a segment)."""
+    rng = random.Random(3)
+    for _ in range(500):
+        segments = [rng.randbytes(rng.randrange(0, 200)) for _ in range(rng.randrange(0, 5))]
+        size, cap = rng.randrange(1, 70), rng.randrange(0, 12)
+        h, expected = prefix_seed("m", "salt"), []
+        for seg in segments:
+            for start in range(0, len(seg), size):
+                h = xxhash.xxh64_intdigest(seg[start:start + size], h)
+                expected.append(h)
+        assert block_hashes(segments, "m", "salt", block_size=size, max_blocks=cap) == expected[:cap]
 
 
 def test_chain_identifies_whole_prefix() -> None:

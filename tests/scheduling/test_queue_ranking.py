@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
 from extproc.config.settings import LatencyConfig
 from extproc.core.changes import LIMIT
-from extproc.core.datastore import Datastore, EndpointSpec, ModelServerMetrics
+from extproc.core.datastore import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from extproc.scheduling.endpoint_work import EndpointWork
 from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
 from extproc.scheduling.queue_ranking import QueueRanking
@@ -54,13 +56,40 @@ def test_what_changed_is_recomputed_at_once_and_the_rest_kept_until_the_refresh(
     _, costs = ranking.rank(eps, keys, clock.now)
     assert ranking.full_passes == 1 and costs[0] == pytest.approx(110.0)
     assert costs[0] - exact(model, ds, clock.now)[1][0] == pytest.approx(15.0)  # within 20 ms of drain
-    clock.now += 0.006
+    clock.now += 0.006  # 21 ms: a, the one endpoint whose cost moves with time, is recomputed
     _, costs = ranking.rank(eps, keys, clock.now)
-    assert ranking.full_passes == 2 and costs[0] == pytest.approx(10 + 790 * 0.1)
+    assert ranking.full_passes == 1 and costs[0] == pytest.approx(10 + 790 * 0.1)
+    assert costs == exact(model, ds, clock.now)[1]
 
     # A response end the model hears of (touched), with nothing else changed: recomputed.
     model.finished(a, model.mark(a), clock.now)
-    assert ranking.rank(eps, keys, clock.now)[1][0] == pytest.approx(10.0) and ranking.full_passes == 2
+    assert ranking.rank(eps, keys, clock.now)[1][0] == pytest.approx(10.0) and ranking.full_passes == 1
+
+
+def test_a_time_refresh_recomputes_only_the_endpoints_whose_cost_moves_with_time() -> None:
+    ds, model, ranking, clock = setup(8)
+    eps = ds.snapshot()
+    keys = [ep.key for ep in eps]
+    ranking.rank(eps, keys, clock.now)
+    model.routed(eps[1], 500, None, clock.now)  # a backlog: drains with time
+    slots = model.work(eps[2], clock.now).slots  # a full endpoint: its slot wait shortens as its holders age
+    slots.limit, slots.occupancy_ms = 1.0, 100.0
+    for _ in range(2):
+        ds.acquire(eps[2].key)
+    ranking.rank(eps, keys, clock.now)
+    assert ranking._timed == {1, 2}
+    asked: list[list[str]] = []
+    works = model.works
+
+    def counted(endpoints: Sequence[Endpoint], now: float) -> list[EndpointWork]:
+        asked.append([ep.key for ep in endpoints])
+        return works(endpoints, now)
+
+    model.works = counted  # type: ignore[method-assign]
+    clock.now += 0.03
+    _, costs = ranking.rank(eps, keys, clock.now)
+    assert asked == [[eps[1].key, eps[2].key]] and ranking.full_passes == 1
+    assert costs == exact(model, ds, clock.now)[1]
 
 
 def test_a_pool_wide_move_or_another_pool_recomputes_everything() -> None:
@@ -121,6 +150,44 @@ def test_kept_costs_and_their_order_equal_a_full_recompute_after_any_changes() -
         least = ranking.least(k, rng)
         assert len(set(least)) == k and sorted(costs[i] for i in least) == sorted(costs)[:k]
     assert ranking.full_passes == 1 + moves and moves < 10
+
+
+def test_kept_costs_equal_a_full_recompute_at_each_time_refresh() -> None:
+    """The same walk with time passing (each step past the refresh) and endpoints with backlogs,
+    admission limits and occupancies: at every refresh the kept costs equal a full recompute,
+    with a full pass only where the pool's admission limit moved."""
+    ds, model, ranking, clock = setup(32)
+    eps = ds.snapshot()
+    keys = [ep.key for ep in eps]
+    rng = random.Random(7)
+    for ep in eps[::3]:
+        slots = model.work(ep, clock.now).slots
+        slots.limit, slots.occupancy_ms = float(rng.randrange(1, 4)), rng.uniform(10.0, 200.0)
+    ranking.rank(eps, keys, clock.now)
+    admitted: dict[str, list[int]] = {ep.key: [] for ep in eps}
+    for _ in range(300):
+        for _ in range(rng.randrange(3)):
+            ep = rng.choice(eps)
+            what = rng.randrange(4)
+            if what == 0:  # routed here: in flight, its prefill queued, its age among the slot holders
+                ds.acquire(ep.key)
+                model.routed(ep, rng.randrange(100, 3000), None, clock.now)
+                admitted[ep.key].append(model.admit(ep, clock.now, 50.0, 0.0))
+            elif what == 1 and admitted[ep.key]:
+                Datastore.release(ep)
+                model.leave(ep, admitted[ep.key].pop(0))
+            elif what == 2:
+                model.finished(ep, model.mark(ep), clock.now)
+            elif rng.random() < 0.2:  # now and then a scrape (its queue hides the ages: load.py)
+                ds.set_metrics(ep.key, ModelServerMetrics(waiting=rng.randrange(3), running=rng.randrange(3),
+                                                          updated_at=clock.now, ok=True))
+        clock.now += rng.uniform(0.02, 0.06)
+        passes, version, moved = ranking.full_passes, model.pool_version, model.pool_version != ranking._version
+        loads, costs = ranking.rank(eps, keys, clock.now)
+        # A full pass only where a pool-wide quantity moved (in the walk, or by a scrape the ranking applied).
+        assert ranking.full_passes == passes + (moved or model.pool_version != version)
+        assert (loads, costs) == exact(model, ds, clock.now)
+    assert 0 < len(ranking._timed) < len(eps) and 1 < ranking.full_passes < 10, ranking.full_passes
 
 
 def test_a_change_log_that_dropped_unread_changes_costs_a_full_pass() -> None:
