@@ -266,15 +266,19 @@ async def test_speculative_entries_are_dropped_when_due_between_decisions() -> N
     await wait_for(lambda: m.index.speculative(ep) == 0 and m.index.next_expiry() is None)
 
 
+def pool_at_100(n: int) -> tuple[Datastore, list[float], KVEventsManager, list[str]]:
+    """n endpoints, a manager on a clock at 100 s (1 s resync window, 5 s silence, no TTL)."""
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in range(1, n + 1)])
+    now = [100.0]
+    cfg = replace(FAST, resync_window_s=1.0, silence_timeout_s=5.0, speculative_ttl_s=0.0)
+    return ds, now, KVEventsManager(cfg, ds, clock=lambda: now[0]), [f"10.0.0.{i}:8000" for i in range(1, n + 1)]
+
+
 def test_usable_among_applies_every_rule_to_each_candidate() -> None:
     """One pass over the candidates: every rank heard and in order (an uncertain one once its
     resync window of fresh events passed), not replaying, not silent after being routed to."""
-    ds = Datastore()
-    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in range(1, 8)])
-    now = [100.0]
-    cfg = replace(FAST, resync_window_s=1.0, silence_timeout_s=5.0, speculative_ttl_s=0.0)
-    m = KVEventsManager(cfg, ds, clock=lambda: now[0])
-    eps = [f"10.0.0.{i}:8000" for i in range(1, 8)]
+    _, now, m, eps = pool_at_100(7)
     heard_from(m, eps[:6], 90.0)
     m._subs[eps[1]][0].state.heard_at = None  # never heard
     m._subs[eps[2]][0].state.replaying = True
@@ -292,12 +296,7 @@ def test_usable_among_keeps_its_answer_until_a_state_an_endpoint_or_the_time_cha
     """The pool's answer is kept between decisions (the same object comes back) and redone when
     a source's state changes, an endpoint joins, leaves or speaks after a silence, or the time
     reaches an uncertain source's end of window or a routed endpoint's end of silence."""
-    ds = Datastore()
-    ds.set_endpoints([EndpointSpec(f"10.0.0.{i}", 8000) for i in range(1, 6)])
-    now = [100.0]
-    cfg = replace(FAST, resync_window_s=1.0, silence_timeout_s=5.0, speculative_ttl_s=0.0)
-    m = KVEventsManager(cfg, ds, clock=lambda: now[0])
-    eps = [f"10.0.0.{i}:8000" for i in range(1, 6)]
+    ds, now, m, eps = pool_at_100(5)
     heard_from(m, eps[:4], 90.0)
     first = m.usable_among(eps, now[0])
     assert first == frozenset(eps[:4]) and m.usable_among(list(eps), now[0]) is first
