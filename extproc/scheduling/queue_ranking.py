@@ -29,13 +29,14 @@ the order is bounded by 20 ms of drain; every other endpoint's prediction stays 
 1-4 happens to it, exactly what a full pass would compute (tests/scheduling/test_queue_ranking.py
 walks time, routings, ends and scrapes and compares at every refresh). A low request rate
 therefore no longer pays a pass over an idle pool at each decision (it did: at 256 endpoints a
-full pass cost as much as the rest of a decision's ranking). A new scrape is still applied to the model before its
-endpoint is ranked (1), so the model learns from every scrape as it lands, scored or not (a
-ranking without that had a worse TTFT tail through Envoy: shortlist.py).
+full pass cost as much as the rest of a decision's ranking). A new scrape is still applied to
+the model before its endpoint is ranked (1), so the model learns from every scrape as it lands,
+scored or not (a ranking without that had a worse TTFT tail through Envoy: shortlist.py).
 
 The shortlist asks for the `least(k)` of them: the ranking keeps the positions sorted by cost,
-moving only the recomputed ones (a bisection each) and, at a full pass, sorting the last order
-again (mostly sorted still), so the least k are the first k; the endpoints tied at the k-th cost
+moving only the recomputed ones (a bisection each; past an eighth of the pool, sorting the
+order again instead) and, at a full pass, sorting the last order again (mostly sorted still),
+so the least k are the first k; the endpoints tied at the k-th cost
 (an idle pool's are all tied) are drawn at random, so that equal ones do not favour the pool's
 first endpoints. Its key map and its check that the endpoints share one log are redone only when
 the pool changes.
@@ -55,8 +56,8 @@ from extproc.scheduling.latency import LatencyModel
 from extproc.scheduling.load import endpoint_load
 
 RANK_REFRESH_S = 0.02
-# Recomputed positions beyond this share of the pool are sorted again, not moved one by one (each
-# move scans the order).
+# Where more than 1 / RESORT_SHARE of the pool was recomputed, the order is sorted again rather
+# than moved one position at a time (each move scans the order).
 RESORT_SHARE = 8
 
 

@@ -159,7 +159,7 @@ def test_kept_costs_equal_a_full_recompute_at_each_time_refresh() -> None:
     ds, model, ranking, clock = setup(32)
     eps = ds.snapshot()
     keys = [ep.key for ep in eps]
-    rng = random.Random(7)
+    rng, draws = random.Random(7), random.Random(8)
     for ep in eps[::3]:
         slots = model.work(ep, clock.now).slots
         slots.limit, slots.occupancy_ms = float(rng.randrange(1, 4)), rng.uniform(10.0, 200.0)
@@ -187,6 +187,8 @@ def test_kept_costs_equal_a_full_recompute_at_each_time_refresh() -> None:
         # A full pass only where a pool-wide quantity moved (in the walk, or by a scrape the ranking applied).
         assert ranking.full_passes == passes + (moved or model.pool_version != version)
         assert (loads, costs) == exact(model, ds, clock.now)
+        k = draws.randrange(1, 12)
+        assert sorted(costs[i] for i in ranking.least(k, draws)) == sorted(costs)[:k]
     assert 0 < len(ranking._timed) < len(eps) and 1 < ranking.full_passes < 10, ranking.full_passes
 
 
