@@ -116,8 +116,11 @@ class KVEventsManager:
         self._subs: dict[str, list[Subscriber]] = {}
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._awaiting: dict[str, float] = {}  # endpoint -> first routing since its last message
-        # usable_among's last answer: ((states' revision, this manager's), valid until, candidates, usable).
-        self._usable: tuple[tuple[int, int], float, list[str], frozenset[str]] | None = None
+        # usable_among's last answer: ((states' revision, this manager's), candidates, usable), and
+        # the time until which it holds unless a revision moves.
+        self._usable: tuple[tuple[int, int], list[str], frozenset[str]] | None = None
+        self._usable_until = -math.inf
+        self._expiry_early_s = config.speculative_ttl_s * EXPIRY_EARLY_SHARE
         self._revision = 0  # bumped when an endpoint's subscriptions come or go, or it speaks after a silence
         self._capacity: dict[str, int] = {}
         self._listeners: list[Callable[[str, Sequence[int]], None]] = []
@@ -250,11 +253,11 @@ class KVEventsManager:
         kept until one of these, so a decision pays for a pass over the pool only after a change."""
         kept = self._usable
         revision = (SourceState.revision, self._revision)
-        if kept is not None and kept[0] == revision and now < kept[1] and kept[2] == candidates:
-            return kept[3]
-        usable, until = self._usable_now(candidates, now)
+        if kept is not None and kept[0] == revision and now < self._usable_until and kept[1] == candidates:
+            return kept[2]
+        usable, self._usable_until = self._usable_now(candidates, now)
         # The revision read after the pass: a window that ended in it changed a state.
-        self._usable = ((SourceState.revision, self._revision), until, list(candidates), usable)
+        self._usable = ((SourceState.revision, self._revision), list(candidates), usable)
         return usable
 
     def _usable_now(self, candidates: Sequence[str], now: float) -> tuple[frozenset[str], float]:
@@ -317,20 +320,18 @@ class KVEventsManager:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        early = self.config.speculative_ttl_s * EXPIRY_EARLY_SHARE
-        self._expiry = loop.call_later(max(due - early - self._clock(), 0.0), self._expire_due)
+        self._expiry = loop.call_later(max(due - self._expiry_early_s - self._clock(), 0.0), self._expire_due)
 
     def _expire_due(self) -> None:
         self._expiry = None
-        self.index.expire(self._clock() + self.config.speculative_ttl_s * EXPIRY_EARLY_SHARE)
+        self.index.expire(self._clock() + self._expiry_early_s)
         self._arm_expiry()
 
     def _record(self, endpoint: str, keys: Sequence[int], now: float) -> None:
         if endpoint not in self._awaiting:
             self._awaiting[endpoint] = now
-            kept = self._usable  # usable until its silence runs out: the kept answer holds no longer
-            if kept is not None and now + self.config.silence_timeout_s < kept[1]:
-                self._usable = (kept[0], now + self.config.silence_timeout_s, kept[2], kept[3])
+            # Usable until its silence runs out: the kept answer holds no longer.
+            self._usable_until = min(self._usable_until, now + self.config.silence_timeout_s)
         self.index.record_speculative(endpoint, keys, now)
         for listener in self._listeners:
             listener(endpoint, keys)

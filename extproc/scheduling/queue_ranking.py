@@ -110,19 +110,18 @@ class QueueRanking:
         works = model.works(eps, now)
         fresh = model.predict_ttfts(eps, works, [0.0] * len(eps), fresh_loads)
         loads, costs, order, timed, moves = self._loads, self._costs, self._order, self._timed, model.moves_with_time
-        resort = len(at) * RESORT_SHARE > len(order)
         for i, w, load, cost in zip(at, works, fresh_loads, fresh, strict=True):
-            if not resort:
-                order.remove(i)  # a scan in C; a bisection by the old cost would trip on a NaN
             loads[i], costs[i] = load, cost
-            if not resort:
-                insort(order, i, key=costs.__getitem__)
             if moves(w, load):
                 timed.add(i)
             else:
                 timed.discard(i)
-        if resort:
+        if len(at) * RESORT_SHARE > len(order):
             order.sort(key=costs.__getitem__)
+        else:
+            for i in at:
+                order.remove(i)  # a scan in C; a bisection by the old cost would trip on a NaN
+                insort(order, i, key=costs.__getitem__)
 
     def _full(self, endpoints: Sequence[Endpoint], keys: Sequence[str], now: float) -> tuple[list[float], list[float]]:
         model = self.model

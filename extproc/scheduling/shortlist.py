@@ -26,10 +26,10 @@ a shortlist of at most `limit` of them instead:
 The request keeps the whole pool (`pool`, `pool_loads`) so that pool-wide quantities (the mean
 load of the reuse and new-prompt bounds, the endpoints whose state is kept) stay the pool's, not
 the shortlist's. What remains per request in the pool size: the index lookup over the candidate
-set, the candidates' keys, the ranking's full pass (every 20 ms: queue_ranking.py, amortised over
-the decisions between) and a sum of the pool's loads for its mean, in C (all far cheaper than
-scoring); the ranking's changes, the least-waiting quarter, the holders' positions and the
-sample cost what they hold, not the pool's size.
+set, the candidates' keys and a sum of the pool's loads for its mean, in C (all far cheaper than
+scoring); the ranking's changes and its 20 ms refresh of the endpoints whose queue moves with
+time (queue_ranking.py), the least-waiting quarter, the holders' positions and the sample cost
+what they hold, not the pool's size.
 
 Weighted profiles' min-max normalised scorers (queue, in-flight) then normalise over the
 shortlist; without a ranker the least-loaded quarter keeps the pool's minimum in it.
