@@ -45,10 +45,13 @@ overwriting anything the model server sent), a header-to-metadata filter copies 
 path (`metadata_options.forwarding_namespaces`), so the picker can move its accounting from the
 first choice to a fallback that served the request.
 
-Stream ends: the runtime flag `envoy.reloadable_features.ext_proc_graceful_grpc_close` makes Envoy
-half-close each ext_proc stream and wait for the picker to close it, instead of resetting it;
-Envoy's default reset costs the picker native memory in grpc.aio on every request (measured
-~120 bytes per request through Envoy 1.40, flat with the flag).
+Stream ends: Envoy ends each finished ext_proc stream with a half-close and a reset, its default.
+`--graceful-ext-proc-close` sets the runtime flag `envoy.reloadable_features.ext_proc_graceful_grpc_close`
+instead (Envoy half-closes and waits for the picker to close the stream), which Envoy 1.40
+survives only some of the time: it crashed (SIGSEGV) in all 6 attempts of a real-vLLM benchmark
+run (bench/results/graceful-close-vllm/, docs/kubernetes.md "Stream ends"); without the flag the
+run completed. The picker meets the reset without answering it (extproc/transport/grpc_server.py:
+a status sent on a reset call leaks native memory in grpc.aio).
 
 TLS to the picker (`--epp-tls`, the default): without `--upstream-ca-file` Envoy does not verify
 the picker's certificate (`validation_context: {}`, the reference configuration; the picker's
@@ -89,9 +92,8 @@ _TYPE = "@type"
 # Request headers a client must not set: the conformance test's endpoint selection and the
 # Endpoint Picker Protocol's destination headers, which only the picker (or Envoy) writes.
 CONTROL_HEADERS = ("test-epp-endpoint-selection", DESTINATION_HEADER, f"{DESTINATION_HEADER}-subset", SERVED_HEADER)
-# Envoy ends an ext_proc stream whose work is done with a half-close (the picker then closes it
-# cleanly) instead of a reset. grpc.aio keeps ~120 bytes of native memory for every stream a
-# client resets, so without this the picker's RSS grows with every request (bench/soak.py).
+# --graceful-ext-proc-close: Envoy ends an ext_proc stream whose work is done with a half-close and
+# waits for the picker to close it, instead of resetting it (module docstring: off by default).
 GRACEFUL_EXT_PROC_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
 _PICKER = EppConfig()  # the picker's defaults, which these must match
 _MAX_BODY = _PICKER.max_request_body_bytes
@@ -127,6 +129,7 @@ def build_config(
     failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (), max_endpoints: int = _PICKER.max_endpoints,
     traffic: ProxyTrafficConfig | None = None, upstream_ca_file: str = "", upstream_server_name: str = "",
     upstream_client_cert: str = "", upstream_client_key: str = "", strip_control_headers: bool = True,
+    graceful_ext_proc_close: bool = False,
 ) -> dict[str, Any]:
     traffic = traffic or ProxyTrafficConfig()
     epp_host, epp_port = split_host_port(epp)
@@ -211,8 +214,9 @@ def build_config(
             }],
             "clusters": [epp_cluster, picked_cluster],
         },
-        "layered_runtime": {"layers": [{"name": "static", "static_layer": GRACEFUL_EXT_PROC_CLOSE}]},
     }
+    if graceful_ext_proc_close:
+        config["layered_runtime"] = {"layers": [{"name": "static", "static_layer": GRACEFUL_EXT_PROC_CLOSE}]}
     if admin_port:
         config["admin"] = {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}}
     return config
@@ -355,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
         max_endpoints=args.max_endpoints, upstream_ca_file=args.upstream_ca_file,
         upstream_server_name=args.upstream_server_name, upstream_client_cert=args.upstream_client_cert,
         upstream_client_key=args.upstream_client_key, strip_control_headers=args.strip_control_headers,
+        graceful_ext_proc_close=args.graceful_ext_proc_close,
     )), end="")
     return 0
 
@@ -395,4 +400,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--strip-control-headers", type=parse_bool, nargs="?", const=True, default=True, metavar="BOOL",
                    help="remove client-set test-epp-endpoint-selection and x-gateway-destination-endpoint* "
                         "request headers before any filter (false: pass them to the picker, for conformance tests)")
+    p.add_argument("--graceful-ext-proc-close", type=parse_bool, nargs="?", const=True, default=False, metavar="BOOL",
+                   help="set envoy.reloadable_features.ext_proc_graceful_grpc_close: Envoy half-closes finished "
+                        "ext_proc streams and waits for the picker to close them instead of resetting them "
+                        "(Envoy 1.40 crashed with it under load: off by default)")
     p.set_defaults(func=run)

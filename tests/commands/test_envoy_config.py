@@ -153,8 +153,9 @@ def test_real_envoy_accepts_every_wiring(tmp_path: Path, body_mode: str, respons
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_streams_end_with_a_half_close_not_a_reset() -> None:
-    cfg = build_config(8081, "127.0.0.1:9002")
+def test_streams_end_with_envoys_reset_unless_the_graceful_close_is_asked_for() -> None:
+    assert "layered_runtime" not in build_config(8081, "127.0.0.1:9002")
+    cfg = build_config(8081, "127.0.0.1:9002", graceful_ext_proc_close=True)
     [layer] = cfg["layered_runtime"]["layers"]
     assert layer["static_layer"] == {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
 

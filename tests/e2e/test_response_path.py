@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
+from extproc.commands.envoy_config import GRACEFUL_EXT_PROC_CLOSE
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.server import run_replicas
 from testkit.envoy import run_envoy
@@ -38,14 +40,15 @@ def inflight(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> f
 
 @contextlib.asynccontextmanager
 async def sim_stack(tmp: Path, *picker_args: str, request_body_mode: str = "BUFFERED",
-                    ) -> AsyncIterator[tuple[Picker, str]]:
+                    patch: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[tuple[Picker, str]]:
     async with run_replicas(SIM, 1, base_port=0) as reps:
         picker = picker_for(tmp, [f"127.0.0.1:{reps[0].port}"], "--refresh-metrics-interval", "0", *picker_args)
         await asyncio.to_thread(picker.start)  # the simulated engine keeps running in this loop meanwhile
         try:
             with contextlib.ExitStack() as stack:
                 _, listen, _ = await asyncio.to_thread(
-                    stack.enter_context, run_envoy(tmp, picker.grpc_port, request_body_mode=request_body_mode))
+                    stack.enter_context,
+                    run_envoy(tmp, picker.grpc_port, request_body_mode=request_body_mode, patch=patch))
                 yield picker, f"http://127.0.0.1:{listen}/v1/completions"
         finally:
             await asyncio.to_thread(picker.stop)
@@ -72,9 +75,9 @@ async def test_streamed_answer_passes_by_the_picker_which_still_sees_its_end(tmp
         assert messages(after, "response_body") == 0  # not one of the ~200 chunks went through the picker
         assert messages(after, "response_headers") == 0  # not asked for either (no --explain-decisions)
         assert messages(after, "request_headers") == 1
-        # Envoy half-closed the stream (the generated config's graceful close), it did not reset it.
-        ended = await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed") == 1)
-        assert value(ended, "prefix_epp_extproc_streams_total", end="reset") == 0
+        # The stream ended (Envoy's half-close and reset: test_a_proxy_that_resets_... below).
+        await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed")
+                    + value(m, "prefix_epp_extproc_streams_total", end="reset") == 1)
 
 
 async def test_sampled_responses_feed_the_closed_loop_and_the_others_skip_the_picker(tmp_path: Path) -> None:
@@ -99,3 +102,38 @@ async def test_sampled_responses_feed_the_closed_loop_and_the_others_skip_the_pi
         assert bodies[2] == bodies[1] and predictions[2] == 1
         # Sampled stream: its chunks (Envoy may coalesce some), then the usage chunk fed the loop.
         assert bodies[3] > bodies[2] and predictions[3] == 2
+
+
+def graceful_close(cfg: dict[str, Any]) -> None:
+    """`prefix-epp envoy-config --graceful-ext-proc-close`: Envoy half-closes, the picker closes."""
+    cfg["layered_runtime"] = {"layers": [{"name": "static", "static_layer": GRACEFUL_EXT_PROC_CLOSE}]}
+
+
+async def test_a_proxy_that_resets_finished_streams_sees_them_counted_as_resets(tmp_path: Path) -> None:
+    # The generated config: Envoy's reset follows its half-close; the picker lets it cancel the
+    # stream rather than answer the half-close with a status (grpc.aio keeps a failed status
+    # batch's native memory: extproc/transport/grpc_server.py).
+    async with sim_stack(tmp_path) as (picker, url), aiohttp.ClientSession() as s:
+        async def one(i: int) -> int:
+            body = {"model": "sim-model", "prompt": f"question {i}: " + "shared context " * 30, "max_tokens": 4}
+            async with s.post(url, json=body) as resp:
+                await resp.read()
+                return resp.status
+
+        assert await asyncio.gather(*(one(i) for i in range(40))) == [200] * 40
+        ended = await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed")
+                            + value(m, "prefix_epp_extproc_streams_total", end="reset") == 40 and inflight(m) == 0)
+        # Each reset reaches its stream within a few event-loop turns (not guaranteed: a
+        # late one ends the stream as a half-close did), so most, not all, count as reset.
+        assert value(ended, "prefix_epp_extproc_streams_total", end="reset") >= 36
+
+
+async def test_with_the_graceful_close_the_picker_closes_each_stream(tmp_path: Path) -> None:
+    async with sim_stack(tmp_path, patch=graceful_close) as (picker, url), aiohttp.ClientSession() as s:
+        for i in range(3):
+            body = {"model": "sim-model", "prompt": f"question {i}", "max_tokens": 4}
+            async with s.post(url, json=body) as resp:
+                assert resp.status == 200
+                await resp.read()
+        ended = await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed") == 3)
+        assert value(ended, "prefix_epp_extproc_streams_total", end="reset") == 0

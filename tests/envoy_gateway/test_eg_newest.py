@@ -29,7 +29,8 @@ VERSION = Versions.load().eg
 VALUES: dict[str, Any] = {
     "replicas": 2,
     "picker": {"explainDecisions": True, "maxEndpoints": 2},
-    "envoyGateway": {"enabled": True, "version": VERSION, "envoyProxy": {"serviceType": "ClusterIP"}},
+    "envoyGateway": {"enabled": True, "version": VERSION, "envoyProxy": {"serviceType": "ClusterIP",
+                                                                           "gracefulExtProcClose": True}},
 }
 # 2 ms per token, so a 6,000-token answer streams for 12 s; prompts of several MiB fit.
 SIM = ("--inter-token-latency", "2", "--max-model-len", "4000000", "--kv-cache-blocks", "300000",

@@ -28,7 +28,8 @@ VALUES: dict[str, Any] = {
     "replicas": 1,
     "picker": {"explainDecisions": True},
     "inferencePool": {"failureMode": "FailOpen"},
-    "envoyGateway": {"enabled": True, "version": VERSION, "envoyProxy": {"serviceType": "ClusterIP"},
+    "envoyGateway": {"enabled": True, "version": VERSION, "envoyProxy": {"serviceType": "ClusterIP",
+                                                                           "gracefulExtProcClose": True},
                      "pickerTLS": {"insecureSkipVerify": True}},
 }
 SIM = ("--inter-token-latency", "2", "--max-model-len", "4000000", "--kv-cache-blocks", "300000",
