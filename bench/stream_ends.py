@@ -21,31 +21,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.metadata
 import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from extproc.commands.envoy_config import GRACEFUL_EXT_PROC_CLOSE
 from testkit.envoy import run_envoy
-from testkit.picker import picker_for, scrape, value
+from testkit.picker import Picker, picker_for, scrape, value
 from testkit.stack import echo_backends
 
 OUT = Path(__file__).resolve().parent / "results" / "stream-ends"
 STREAM_ENDS = "prefix_epp_extproc_streams_total"
 
 
-def graceful(cfg: dict[str, Any]) -> None:
-    cfg["layered_runtime"] = {"layers": [{"name": "static", "static_layer": GRACEFUL_EXT_PROC_CLOSE}]}
+CONFIGS = {"reset": False, "graceful": True}  # name -> envoy-config's --graceful-ext-proc-close
 
 
-CONFIGS: dict[str, Callable[[dict[str, Any]], None] | None] = {"reset": None, "graceful": graceful}
+@contextlib.contextmanager
+def picker_on_backends(tmp: Path) -> Iterator[Picker]:
+    """The picker, running, in front of two echo backends."""
+    with echo_backends(tmp, 2) as backends:
+        picker = picker_for(tmp, backends)
+        picker.start()
+        try:
+            yield picker
+        finally:
+            picker.stop()
 
 
 def rss_kib(pid: int) -> int:
@@ -73,26 +81,21 @@ async def burst(url: str, n: int, clients: int = 16) -> int:
 
 
 def memory(tmp: Path, config: str, bursts: int) -> dict[str, Any]:
-    with echo_backends(tmp, 2) as backends:
-        picker = picker_for(tmp, backends)
-        picker.start()
-        try:
-            assert picker.proc is not None
-            with run_envoy(tmp, picker.grpc_port, patch=CONFIGS[config]) as (_, listen, _admin):
-                url = f"http://127.0.0.1:{listen}/v1/completions"
-                warm = asyncio.run(burst(url, 5000))
+    with picker_on_backends(tmp) as picker:
+        assert picker.proc is not None
+        with run_envoy(tmp, picker.grpc_port, graceful_ext_proc_close=CONFIGS[config]) as (_, listen, _admin):
+            url = f"http://127.0.0.1:{listen}/v1/completions"
+            warm = asyncio.run(burst(url, 5000))
+            time.sleep(1)
+            rss = [rss_kib(picker.proc.pid)]
+            t0 = time.monotonic()
+            ok = 0
+            for _ in range(bursts):
+                ok += asyncio.run(burst(url, 10_000))
                 time.sleep(1)
-                rss = [rss_kib(picker.proc.pid)]
-                t0 = time.monotonic()
-                ok = 0
-                for _ in range(bursts):
-                    ok += asyncio.run(burst(url, 10_000))
-                    time.sleep(1)
-                    rss.append(rss_kib(picker.proc.pid))
-                wall = time.monotonic() - t0
-            m = scrape(picker)
-        finally:
-            picker.stop()
+                rss.append(rss_kib(picker.proc.pid))
+            wall = time.monotonic() - t0
+        m = scrape(picker)
     streams = 10_000 * bursts
     return {"config": config, "warm_ok": warm, "ok": ok, "streams": streams, "rss_kib": rss,
             "bytes_per_stream": (rss[-1] - rss[0]) * 1024 / streams, "req_per_s": streams / wall,
@@ -101,18 +104,13 @@ def memory(tmp: Path, config: str, bursts: int) -> dict[str, Any]:
 
 def shutdown(tmp: Path, config: str, trials: int) -> dict[str, Any]:
     crashed = 0
-    with echo_backends(tmp, 2) as backends:
-        picker = picker_for(tmp, backends)
-        picker.start()
-        try:
-            for k in range(trials):
-                d = tmp / f"trial-{k}"
-                d.mkdir()
-                with run_envoy(d, picker.grpc_port, patch=CONFIGS[config]) as (_, listen, _admin):
-                    asyncio.run(burst(f"http://127.0.0.1:{listen}/v1/completions", 5, clients=5))
-                crashed += "Caught Segmentation fault" in (d / "envoy.log").read_text(errors="replace")
-        finally:
-            picker.stop()
+    with picker_on_backends(tmp) as picker:
+        for k in range(trials):
+            d = tmp / f"trial-{k}"
+            d.mkdir()
+            with run_envoy(d, picker.grpc_port, graceful_ext_proc_close=CONFIGS[config]) as (_, listen, _admin):
+                asyncio.run(burst(f"http://127.0.0.1:{listen}/v1/completions", 5, clients=5))
+            crashed += "Caught Segmentation fault" in (d / "envoy.log").read_text(errors="replace")
     return {"config": config, "trials": trials, "crashed": crashed}
 
 

@@ -32,7 +32,7 @@ def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_m
               endpoints: tuple[str, ...] = (), max_endpoints: int = 1, epp_ports: tuple[int, ...] = (),
               health_interval: str = "", epp_requests_per_connection: int = 0,
               concurrency: int = 1, failure_mode_allow: bool = False,
-              strip_control_headers: bool = False,
+              strip_control_headers: bool = False, graceful_ext_proc_close: bool = False,
               patch: Callable[[dict[str, Any]], None] | None = None) -> Iterator[tuple[Proc, int, int]]:
     """Start Envoy; yields (proc, listen_port, admin_port) once the listener accepts connections.
 
@@ -48,7 +48,8 @@ def run_envoy(tmp: Path, epp_port: int, *, epp_tls: bool = False, request_body_m
     cfg = build_config(listen, f"127.0.0.1:{epp_port}", admin, epp_tls=epp_tls,
                        request_body_mode=request_body_mode, response_processing=response_processing,
                        endpoints=endpoints, max_endpoints=max_endpoints, failure_mode_allow=failure_mode_allow,
-                       strip_control_headers=strip_control_headers)
+                       strip_control_headers=strip_control_headers,
+                       graceful_ext_proc_close=graceful_ext_proc_close)
     epp = cfg["static_resources"]["clusters"][0]
     for port in epp_ports:
         epp["load_assignment"]["endpoints"][0]["lb_endpoints"].append(

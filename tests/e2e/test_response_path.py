@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
-from extproc.commands.envoy_config import GRACEFUL_EXT_PROC_CLOSE
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.server import run_replicas
 from testkit.envoy import run_envoy
@@ -40,7 +38,7 @@ def inflight(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> f
 
 @contextlib.asynccontextmanager
 async def sim_stack(tmp: Path, *picker_args: str, request_body_mode: str = "BUFFERED",
-                    patch: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[tuple[Picker, str]]:
+                    graceful_ext_proc_close: bool = False) -> AsyncIterator[tuple[Picker, str]]:
     async with run_replicas(SIM, 1, base_port=0) as reps:
         picker = picker_for(tmp, [f"127.0.0.1:{reps[0].port}"], "--refresh-metrics-interval", "0", *picker_args)
         await asyncio.to_thread(picker.start)  # the simulated engine keeps running in this loop meanwhile
@@ -48,7 +46,8 @@ async def sim_stack(tmp: Path, *picker_args: str, request_body_mode: str = "BUFF
             with contextlib.ExitStack() as stack:
                 _, listen, _ = await asyncio.to_thread(
                     stack.enter_context,
-                    run_envoy(tmp, picker.grpc_port, request_body_mode=request_body_mode, patch=patch))
+                    run_envoy(tmp, picker.grpc_port, request_body_mode=request_body_mode,
+                              graceful_ext_proc_close=graceful_ext_proc_close))
                 yield picker, f"http://127.0.0.1:{listen}/v1/completions"
         finally:
             await asyncio.to_thread(picker.stop)
@@ -104,11 +103,6 @@ async def test_sampled_responses_feed_the_closed_loop_and_the_others_skip_the_pi
         assert bodies[3] > bodies[2] and predictions[3] == 2
 
 
-def graceful_close(cfg: dict[str, Any]) -> None:
-    """`prefix-epp envoy-config --graceful-ext-proc-close`: Envoy half-closes, the picker closes."""
-    cfg["layered_runtime"] = {"layers": [{"name": "static", "static_layer": GRACEFUL_EXT_PROC_CLOSE}]}
-
-
 async def test_a_proxy_that_resets_finished_streams_sees_them_counted_as_resets(tmp_path: Path) -> None:
     # The generated config: Envoy's reset follows its half-close; the picker lets it cancel the
     # stream rather than answer the half-close with a status (grpc.aio keeps a failed status
@@ -130,7 +124,8 @@ async def test_a_proxy_that_resets_finished_streams_sees_them_counted_as_resets(
 
 
 async def test_with_the_graceful_close_the_picker_closes_each_stream(tmp_path: Path) -> None:
-    async with sim_stack(tmp_path, patch=graceful_close) as (picker, url), aiohttp.ClientSession() as s:
+    # `prefix-epp envoy-config --graceful-ext-proc-close`: Envoy half-closes, the picker closes.
+    async with sim_stack(tmp_path, graceful_ext_proc_close=True) as (picker, url), aiohttp.ClientSession() as s:
         for i in range(3):
             body = {"model": "sim-model", "prompt": f"question {i}", "max_tokens": 4}
             async with s.post(url, json=body) as resp:
