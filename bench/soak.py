@@ -12,7 +12,9 @@ entries and bytes, the in-flight gauge, open ext_proc streams and /metrics size.
 Verdict (`flat`): after the warm-up (the first fifth of the run), the median RSS of the last
 quarter exceeds that of the second quarter by at most 5% + 10 MiB; the index stays within its
 capacity; /metrics does not grow by more than 2 KB; once traffic stops, in-flight and open
-streams return to 0 within 10 s; the picker is alive and logged no internal error.
+streams return to 0 within 10 s; the picker is alive and logged no internal error. The report
+also gives RSS growth per request after the warm-up (a least-squares slope): a leak of a few
+bytes per request passes the 5% + 10 MiB check in 30 minutes, the slope shows it.
 
 Usage: python -m bench.soak [--seconds 1800] [--out bench/results/soak]   (make soak)
 Writes <out>.json (all samples) and <out>.md (summary table).
@@ -71,6 +73,7 @@ class Report:
     checks: dict[str, bool] = field(default_factory=dict)
     picker_errors: list[str] = field(default_factory=list)  # error log lines of the picker (first 20)
     grpc_write_after_reset: int = 0
+    rss_bytes_per_request: float = 0.0  # least-squares slope of RSS against requests after the warm-up
     flat: bool = False
 
 
@@ -174,12 +177,21 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys against xs (0 with fewer than two distinct xs)."""
+    if len(set(xs)) < 2:
+        return 0.0
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
 def verdict(report: Report, idle: dict[str, float], picker_ok: bool) -> None:
     s = report.samples
     n = len(s)
     q2 = [x.rss_mib for x in s[n // 4:n // 2]] or [s[0].rss_mib]
     q4 = [x.rss_mib for x in s[3 * n // 4:]] or [s[-1].rss_mib]
     warm = [x for x in s if x.t >= report.seconds / 5] or s
+    report.rss_bytes_per_request = _slope([float(x.requests) for x in warm], [x.rss_mib * 2**20 for x in warm])
     report.checks = {
         "rss_flat": _median(q4) <= _median(q2) * 1.05 + 10,
         "index_within_capacity": max(x.index_entries for x in s) <= 3 * LRU_CAPACITY,
@@ -201,7 +213,9 @@ def write(report: Report, out: Path) -> None:
              f"Requests by kind: {json.dumps(report.by_kind, sort_keys=True)}  ",
              f"Replies by status: {json.dumps(report.statuses, sort_keys=True)}  ",
              f"gRPC writes to streams Envoy had reset (logged by gRPC, not a picker fault): "
-             f"{report.grpc_write_after_reset}", "",
+             f"{report.grpc_write_after_reset}  ",
+             f"RSS growth after the warm-up (least squares against requests): "
+             f"{report.rss_bytes_per_request:.1f} bytes per request", "",
              "| t (s) | requests | RSS (MiB) | index entries | index bytes | in flight | open streams "
              "| /metrics bytes |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
