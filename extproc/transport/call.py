@@ -27,11 +27,13 @@ reset call (a failed batch). So:
   (`Call.finish`, at most `FINISH_S`), so it ends the same way.
 
 A proxy that closes gracefully sends nothing after its half-close and waits for the picker's
-status: there the sleep would only hold every stream open for `EOF_WAIT_S`. So `EndWait` learns
-which kind of proxy it serves, from the ends it waited for: an average of whether the reset came
-within the wait (each end weighs 1/16; it starts at 1, the generated config resets). While that
-average is below one half the half-close ends the stream at once, except every `PROBE_EVERY`-th,
-which still waits, so a proxy that starts resetting (a new config, another Envoy) is found again.
+status: there the sleep would only hold every stream open for `EOF_WAIT_S`, and the shields and
+the reading on would cost CPU for nothing. So `EndWait` learns which kind of proxy it serves, from
+the ends it waited for: an average of whether the reset came within the wait (each end weighs
+1/16; it starts at 1, the generated config resets). While that average is below one half
+(`expects_resets` false) reads and writes are plain, a refused stream is closed at once, and the
+half-close ends the stream at once, except every `PROBE_EVERY`-th, which still waits, so a proxy
+that starts resetting (a new config, another Envoy) is found again.
 One average serves the whole process: a picker behind proxies of both kinds follows the majority
 of the ends it probes.
 """
@@ -68,13 +70,17 @@ class EndWait:
 
     def seconds(self) -> float:
         """The wait for the next end: EOF_WAIT_S while resets are expected or a probe is due, else 0."""
-        if self.resets >= 0.5:
+        if self.expects_resets:
             return EOF_WAIT_S
         self._since_probe += 1
         if self._since_probe < PROBE_EVERY:
             return 0.0
         self._since_probe = 0
         return EOF_WAIT_S
+
+    @property
+    def expects_resets(self) -> bool:
+        return self.resets >= 0.5
 
     def observe(self, reset: bool) -> None:
         self.resets += ((1.0 if reset else 0.0) - self.resets) * _END_WEIGHT
@@ -129,18 +135,19 @@ class Call:
 
     def _read(self) -> Any:
         read = self._context.read()
-        return asyncio.shield(read) if self._guarded else read
+        return asyncio.shield(read) if self._guarded and self._end.expects_resets else read
 
     async def write(self, reply: pb.ProcessingResponse) -> None:
         if not self._guarded and reply.HasField("immediate_response"):
             self._guarded = True  # the proxy ends the stream on it, as after the request's end
         write = self._context.write(reply)
-        await (asyncio.shield(write) if self._guarded else write)
+        await (asyncio.shield(write) if self._guarded and self._end.expects_resets else write)
 
     async def finish(self) -> int:
-        """Read on to the half-close (and wait for a reset after it) if the handler stopped before it;
-        the messages dropped meanwhile (a proxy sends none after an immediate response)."""
-        if self._eof:
+        """Read on to the half-close (and wait for a reset after it) if the handler stopped before it
+        and the proxy resets streams; the messages dropped meanwhile (a proxy sends none after an
+        immediate response)."""
+        if self._eof or not self._end.expects_resets:
             return 0
         self._guarded = True
         dropped = 0

@@ -4,10 +4,14 @@ when it does not (extproc/transport/call.py). Through real Envoy: tests/e2e/test
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
+import grpc
 import pytest
 
-from extproc.transport.call import EOF_WAIT_S, PROBE_EVERY, EndWait
+from extproc.pb import external_processor_pb2 as pb
+from extproc.transport.call import EOF_WAIT_S, PROBE_EVERY, Call, EndWait
 
 
 def test_resets_expected_until_ends_without_them_bring_the_average_below_half() -> None:
@@ -57,3 +61,63 @@ async def test_after_end_returns_after_the_wait_when_nothing_follows() -> None:
     await w.after_end()
     assert loop.time() - start >= EOF_WAIT_S * 0.9
     assert w.resets == pytest.approx(1 - 1 / 16)
+
+
+class _Context:
+    """The two calls `Call` makes on grpc.aio's servicer context, over futures the test resolves."""
+
+    def __init__(self) -> None:
+        self.pending: list[asyncio.Future[object]] = []
+        self.completed = 0  # reads and writes that ran to their end
+
+    async def _batch(self) -> object:
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.pending.append(fut)
+        result = await fut
+        self.completed += 1
+        return result
+
+    def read(self) -> Coroutine[Any, Any, object]:
+        return self._batch()
+
+    def write(self, reply: object) -> Coroutine[Any, Any, object]:
+        return self._batch()
+
+
+def _ends_request() -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest()
+    msg.request_body.end_of_stream = True
+    return msg
+
+
+async def _cancel_in_flight(call: Call, ctx: _Context) -> None:
+    """A read after the request's end, cancelled while its batch is in flight, as a reset does."""
+    first = asyncio.create_task(anext(call))
+    await asyncio.sleep(0)
+    ctx.pending.pop().set_result(_ends_request())
+    assert (await first).request_body.end_of_stream
+    reading = asyncio.create_task(anext(call))
+    await asyncio.sleep(0)
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    batch = ctx.pending.pop()
+    if not batch.cancelled():  # cancelled with the handler when unshielded
+        batch.set_result(grpc.aio.EOF)  # the batch completes after the handler was cancelled
+    await asyncio.sleep(0)
+
+
+async def test_a_reset_cancels_the_wait_not_the_read_once_the_request_has_ended() -> None:
+    ctx = _Context()
+    await _cancel_in_flight(Call(ctx, EndWait()), ctx)  # type: ignore[arg-type]
+    assert ctx.completed == 2  # the cancelled read still ran to its end (its batch is freed)
+
+
+async def test_behind_a_graceful_proxy_reads_are_plain_and_a_refused_stream_closes_at_once() -> None:
+    end = EndWait()
+    end.resets = 0.4  # learned: this proxy does not reset
+    ctx = _Context()
+    await _cancel_in_flight(Call(ctx, end), ctx)  # type: ignore[arg-type]
+    assert ctx.completed == 1  # no shield: the cancelled read stopped where it was
+    call = Call(_Context(), end)  # type: ignore[arg-type]
+    assert await call.finish() == 0  # nothing read: the handler's status ends the stream
