@@ -19,12 +19,14 @@ reset call (a failed batch). So:
   (`asyncio.shield`): a cancellation stops the wait, not the batch, which completes and frees its
   operations. Before that they are plain: only a client going away mid-upload resets them, and a
   shield costs a task.
-- At the half-close the handler sleeps up to `EOF_WAIT_S` (`EndWait`): the reset cancels the sleep
-  when it arrives (the stream counts as reset, no status is sent). Through Envoy on a loaded
+- At the half-close, once the handler has accounted the response's end, it sleeps up to
+  `EOF_WAIT_S` (`Call.finish`, `EndWait`): the reset cancels the sleep when it arrives (the stream
+  counts as reset, no status is sent). A shielded batch that fails after the cancellation has its
+  error retrieved (`_consume`): asyncio would log it as never retrieved. Through Envoy on a loaded
   2-core machine resets came within a few milliseconds of the half-close, the slowest well under
   `EOF_WAIT_S`; a fixed three event-loop turns had let some through under load.
 - A handler that stopped before the half-close (an immediate response) reads on to it first
-  (`Call.finish`, at most `FINISH_S`), so it ends the same way.
+  (`Call.finish`, at most `FINISH_S` in all), so it ends the same way.
 
 A proxy that closes gracefully sends nothing after its half-close and waits for the picker's
 status: there the sleep would only hold every stream open for `EOF_WAIT_S`, and the shields and
@@ -41,6 +43,7 @@ of the ends it probes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 import grpc
@@ -126,8 +129,7 @@ class Call:
     async def __anext__(self) -> pb.ProcessingRequest:
         msg = await self._read()
         if msg is grpc.aio.EOF:
-            self._eof = True
-            await self._end.after_end()  # a reset that follows the half-close cancels us here
+            self._eof = True  # `finish` waits for a reset, once the handler has accounted the end
             raise StopAsyncIteration
         if not self._guarded:
             self._guarded = ends_request(msg)
@@ -135,26 +137,41 @@ class Call:
 
     def _read(self) -> Any:
         read = self._context.read()
-        return asyncio.shield(read) if self._guarded and self._end.expects_resets else read
+        return _shielded(read) if self._guarded and self._end.expects_resets else read
 
     async def write(self, reply: pb.ProcessingResponse) -> None:
         if not self._guarded and reply.HasField("immediate_response"):
             self._guarded = True  # the proxy ends the stream on it, as after the request's end
         write = self._context.write(reply)
-        await (asyncio.shield(write) if self._guarded and self._end.expects_resets else write)
+        await (_shielded(write) if self._guarded and self._end.expects_resets else write)
 
     async def finish(self) -> int:
-        """Read on to the half-close (and wait for a reset after it) if the handler stopped before it
-        and the proxy resets streams; the messages dropped meanwhile (a proxy sends none after an
-        immediate response)."""
-        if self._eof or not self._end.expects_resets:
-            return 0
-        self._guarded = True
+        """The end, once the handler is done with the requests: read on to the half-close if the
+        handler stopped before it and the proxy resets streams, then wait for the reset after it.
+        Returns the messages dropped meanwhile (a proxy sends none after an immediate response)."""
         dropped = 0
         try:
             async with asyncio.timeout(FINISH_S):
-                async for _ in self:
-                    dropped += 1
+                if not self._eof and self._end.expects_resets:
+                    self._guarded = True
+                    async for _ in self:
+                        dropped += 1
+                if self._eof:
+                    await self._end.after_end()  # a reset that follows the half-close cancels us here
         except TimeoutError:
             pass  # the proxy kept the stream open: the handler ends it with a status
         return dropped
+
+
+def _shielded(batch: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    """`batch` run to its end even if the awaiting task is cancelled (module docstring)."""
+    task = asyncio.ensure_future(batch)
+    task.add_done_callback(_consume)
+    return asyncio.shield(task)
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    # A batch that failed after the handler was cancelled (the call was reset): nobody awaits it
+    # any more, and asyncio.shield drops its own callback then; retrieved so asyncio does not log it.
+    if not task.cancelled():
+        task.exception()

@@ -61,7 +61,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             async for resp in processor.run(call):
                 await call.write(resp)
                 del resp
-            await call.finish()  # after an immediate response: on to the proxy's end (call.py)
+            await call.finish()  # the proxy's end, after the response's end was accounted (call.py)
             reset = False
         finally:
             self._streams.closed()
