@@ -179,10 +179,7 @@ def _median(values: list[float]) -> float:
 
 def _slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of ys against xs (0 with fewer than two distinct xs)."""
-    if len(set(xs)) < 2:
-        return 0.0
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return statistics.linear_regression(xs, ys).slope if len(set(xs)) > 1 else 0.0
 
 
 def verdict(report: Report, idle: dict[str, float], picker_ok: bool) -> None:

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
-import os
 import statistics
 import subprocess
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.lib.loadgen import cpu_seconds
 from testkit.envoy import run_envoy
 from testkit.picker import Picker, picker_for, scrape, value
 from testkit.stack import echo_backends
@@ -94,19 +94,6 @@ async def burst(url: str, n: int, clients: int = 16, kind: str = "routed") -> in
     return ok
 
 
-def cpu_s(pid: int) -> float:
-    """The process's CPU time so far (user + system), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def slope(ys: list[float], dx: float) -> float:
-    """Least-squares slope of `ys` sampled every `dx`."""
-    xs = [i * dx for i in range(len(ys))]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-
-
 def memory(tmp: Path, config: str, kind: str, bursts: int) -> dict[str, Any]:
     with picker_on_backends(tmp) as picker:
         assert picker.proc is not None
@@ -115,17 +102,18 @@ def memory(tmp: Path, config: str, kind: str, bursts: int) -> dict[str, Any]:
             warm = asyncio.run(burst(url, WARM_UP, kind=kind))
             time.sleep(1)
             rss = [rss_kib(picker.proc.pid)]
-            t0, cpu0 = time.monotonic(), cpu_s(picker.proc.pid)
+            t0, cpu0 = time.monotonic(), cpu_seconds(picker.proc.pid)
             ok = 0
             for _ in range(bursts):
                 ok += asyncio.run(burst(url, BURST, kind=kind))
                 time.sleep(1)
                 rss.append(rss_kib(picker.proc.pid))
-            wall, cpu = time.monotonic() - t0, cpu_s(picker.proc.pid) - cpu0
+            wall, cpu = time.monotonic() - t0, cpu_seconds(picker.proc.pid) - cpu0
         m = scrape(picker)
     streams = BURST * bursts
+    growth = statistics.linear_regression([BURST * i for i in range(len(rss))], [r * 1024 for r in rss]).slope
     return {"config": config, "kind": kind, "warm_ok": warm, "ok": ok, "streams": streams, "rss_kib": rss,
-            "bytes_per_stream": slope([r * 1024 for r in rss], BURST), "req_per_s": streams / wall,
+            "bytes_per_stream": growth, "req_per_s": streams / wall,
             "cpu_us_per_stream": cpu / streams * 1e6,
             "ends": {end: value(m, STREAM_ENDS, end=end) for end in ("closed", "reset")}}
 

@@ -136,14 +136,16 @@ class Call:
         return msg  # type: ignore[no-any-return]
 
     def _read(self) -> Any:
-        read = self._context.read()
-        return _shielded(read) if self._guarded and self._end.expects_resets else read
+        return self._batch(self._context.read())
 
     async def write(self, reply: pb.ProcessingResponse) -> None:
         if not self._guarded and reply.HasField("immediate_response"):
             self._guarded = True  # the proxy ends the stream on it, as after the request's end
-        write = self._context.write(reply)
-        await (_shielded(write) if self._guarded and self._end.expects_resets else write)
+        await self._batch(self._context.write(reply))
+
+    def _batch(self, batch: Coroutine[Any, Any, Any]) -> Any:
+        """`batch` shielded from a reset once the request has ended and this proxy resets streams."""
+        return _shielded(batch) if self._guarded and self._end.expects_resets else batch
 
     async def finish(self) -> int:
         """The end, once the handler is done with the requests: read on to the half-close if the

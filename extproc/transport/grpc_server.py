@@ -7,9 +7,10 @@ can wait for the last one. With `reuse_port` (--workers > 1) several processes b
 port and the kernel spreads connections over them; `health_port` 0 serves no separate health port
 (a worker other than the first: the pod has one health endpoint).
 
-The servicer reads and writes the stream through `Call` (extproc/transport/call.py), which ends it without
-leaving grpc.aio's native memory behind whether the proxy resets finished streams or closes them
-gracefully; `python -m bench.stream_ends` measures both ways (bench/results/stream-ends.md)."""
+The servicer reads and writes the stream through `Call` (extproc/transport/call.py), which ends
+it without leaving grpc.aio's native memory behind whether the proxy resets finished streams or
+closes them gracefully; `python -m bench.stream_ends` measures both ways
+(bench/results/stream-ends.md)."""
 
 from __future__ import annotations
 
