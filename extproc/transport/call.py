@@ -27,6 +27,11 @@ reset call (a failed batch). So:
   `EOF_WAIT_S`; a fixed three event-loop turns had let some through under load.
 - A handler that stopped before the half-close (an immediate response) reads on to it first
   (`Call.finish`, at most `FINISH_S` in all), so it ends the same way.
+- A read that waits for the request body under its deadline (`--request-body-timeout`,
+  extproc/transport/body_intake.py) runs in a task of its own (`Call.next_before`): the deadline
+  stops the wait, not the read, and the next read (`finish`, reading on to the half-close after
+  the 408) takes over the read still in flight, so a stalled body's stream ends as any refused one.
+  Cancelling the read at the deadline left its operations behind, one batch per timed-out stream.
 
 A proxy that closes gracefully sends nothing after its half-close and waits for the picker's
 status: there the sleep would only hold every stream open for `EOF_WAIT_S`, and the shields and
@@ -43,6 +48,7 @@ of the ends it probes.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Coroutine
 from typing import Any
 
@@ -115,19 +121,51 @@ class Call:
     """The call's messages, one `context.read()` each (nothing is kept once a message is returned),
     and its replies, one `context.write()` each."""
 
-    __slots__ = ("_context", "_end", "_eof", "_guarded")
+    __slots__ = ("_context", "_end", "_eof", "_guarded", "_pending")
 
     def __init__(self, context: grpc.aio.ServicerContext, end: EndWait) -> None:
         self._context = context
         self._end = end
         self._guarded = False  # the request has ended (or is refused): reads and writes are shielded
         self._eof = False
+        self._pending: asyncio.Future[Any] | None = None  # a read a deadline left running (next_before)
 
     def __aiter__(self) -> Call:
         return self
 
     async def __anext__(self) -> pb.ProcessingRequest:
-        msg = await self._read()
+        pending = self._pending
+        if pending is not None:  # the read a deadline left running: its message is the next one
+            self._pending = None
+            return self._received(await asyncio.shield(pending))
+        return self._received(await self._read())
+
+    async def next_before(self, deadline: float) -> pb.ProcessingRequest | None:
+        """The next message, or None when `deadline` (event-loop time) passes first; StopAsyncIteration
+        at the half-close, as `__anext__`. The read runs in a task that the deadline does not cancel
+        (module docstring): the next read takes it over. The wait is one future and one timer:
+        asyncio.timeout_at around asyncio.shield cost twice the CPU that this adds to a body read."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = asyncio.ensure_future(self._context.read())
+            pending.add_done_callback(_consume)  # a reset may fail it after the handler is gone
+        if not pending.done():
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            wake = functools.partial(_wake, waiter)
+            timer = loop.call_at(deadline, wake, None)
+            pending.add_done_callback(wake)
+            try:
+                await waiter  # a reset cancels this wait, not the read
+            finally:
+                timer.cancel()
+                pending.remove_done_callback(wake)
+            if not pending.done():
+                return None  # the deadline passed first
+        self._pending = None
+        return self._received(pending.result())
+
+    def _received(self, msg: Any) -> pb.ProcessingRequest:
         if msg is grpc.aio.EOF:
             self._eof = True  # `finish` waits for a reset, once the handler has accounted the end
             raise StopAsyncIteration
@@ -170,6 +208,11 @@ def _shielded(batch: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
     task = asyncio.ensure_future(batch)
     task.add_done_callback(_consume)
     return asyncio.shield(task)
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

@@ -4,6 +4,7 @@ when it does not (extproc/transport/call.py). Through real Envoy: tests/e2e/test
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Coroutine
 from typing import Any
 
@@ -121,3 +122,53 @@ async def test_behind_a_graceful_proxy_reads_are_plain_and_a_refused_stream_clos
     assert ctx.completed == 1  # no shield: the cancelled read stopped where it was
     call = Call(_Context(), end)  # type: ignore[arg-type]
     assert await call.finish() == 0  # nothing read: the handler's status ends the stream
+
+
+def _chunk(data: bytes, last: bool = False) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest()
+    msg.request_body.body = data
+    msg.request_body.end_of_stream = last
+    return msg
+
+
+async def test_a_read_past_the_body_deadline_keeps_running_and_the_next_read_takes_it_over() -> None:
+    ctx = _Context()
+    call = Call(ctx, EndWait())  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    assert await call.next_before(loop.time() + 0.01) is None  # the deadline passed first
+    assert len(ctx.pending) == 1 and not ctx.pending[0].done()  # the read was not cancelled
+    # Waiting again under a deadline reads through the same batch, not a second one.
+    waiting = asyncio.create_task(call.next_before(loop.time() + 5))
+    await asyncio.sleep(0)
+    assert len(ctx.pending) == 1
+    ctx.pending.pop().set_result(_chunk(b"late"))
+    msg = await waiting
+    assert msg is not None and msg.request_body.body == b"late"
+    # Past a deadline again: the handler refuses (408) and reads on to the half-close through it.
+    assert await call.next_before(loop.time() + 0.01) is None
+    reading = asyncio.create_task(anext(call))
+    await asyncio.sleep(0)
+    assert len(ctx.pending) == 1  # still the read the deadline left
+    ctx.pending.pop().set_result(_chunk(b"", last=True))
+    assert (await reading).request_body.end_of_stream
+    assert ctx.completed == 2  # two batches, both run to their end
+
+
+async def test_a_reset_while_waiting_under_the_deadline_cancels_the_wait_not_the_read() -> None:
+    ctx = _Context()
+    call = Call(ctx, EndWait())  # type: ignore[arg-type]
+    waiting = asyncio.create_task(call.next_before(asyncio.get_running_loop().time() + 5))
+    await asyncio.sleep(0)
+    waiting.cancel()  # the client went away mid-upload: grpc.aio cancels the handler
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    batch = ctx.pending.pop()
+    assert not batch.cancelled()
+    reported: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, context: reported.append(context))
+    batch.set_exception(RuntimeError("call reset"))  # the batch fails after the handler is gone
+    for _ in range(3):
+        await asyncio.sleep(0)
+    del call, waiting
+    gc.collect()  # a task whose error nobody retrieved reports it when it is collected
+    assert ctx.completed == 0 and reported == []  # ended by its error, which `_consume` retrieved
