@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -102,7 +103,7 @@ async def burst(url: str, n: int, clients: int = 16, kind: str = "routed") -> in
     ok = 0
     expected = EXPECTED[kind]
     if kind == "stalled":
-        port = int(url.split(":")[2].split("/")[0])
+        port = urlsplit(url).port or 80
 
         async def staller() -> None:
             nonlocal ok

@@ -147,8 +147,7 @@ class Call:
         asyncio.timeout_at around asyncio.shield cost twice the CPU that this adds to a body read."""
         pending = self._pending
         if pending is None:
-            pending = self._pending = asyncio.ensure_future(self._context.read())
-            pending.add_done_callback(_consume)  # a reset may fail it after the handler is gone
+            pending = self._pending = _running(self._context.read())
         if not pending.done():
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
@@ -203,11 +202,17 @@ class Call:
         return dropped
 
 
-def _shielded(batch: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
-    """`batch` run to its end even if the awaiting task is cancelled (module docstring)."""
+def _running(batch: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    """`batch` in a task of its own, which runs to its end whoever stops waiting for it; a failure
+    after the handler is gone (a reset) is retrieved (`_consume`)."""
     task = asyncio.ensure_future(batch)
     task.add_done_callback(_consume)
-    return asyncio.shield(task)
+    return task
+
+
+def _shielded(batch: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    """`batch` run to its end even if the awaiting task is cancelled (module docstring)."""
+    return asyncio.shield(_running(batch))
 
 
 def _wake(waiter: asyncio.Future[None], _: object) -> None:

@@ -85,9 +85,10 @@ class _Context:
         return self._batch()
 
 
-def _ends_request() -> pb.ProcessingRequest:
+def _chunk(data: bytes, last: bool = False) -> pb.ProcessingRequest:
     msg = pb.ProcessingRequest()
-    msg.request_body.end_of_stream = True
+    msg.request_body.body = data
+    msg.request_body.end_of_stream = last
     return msg
 
 
@@ -95,7 +96,7 @@ async def _cancel_in_flight(call: Call, ctx: _Context) -> None:
     """A read after the request's end, cancelled while its batch is in flight, as a reset does."""
     first = asyncio.create_task(anext(call))
     await asyncio.sleep(0)
-    ctx.pending.pop().set_result(_ends_request())
+    ctx.pending.pop().set_result(_chunk(b"", last=True))
     assert (await first).request_body.end_of_stream
     reading = asyncio.create_task(anext(call))
     await asyncio.sleep(0)
@@ -122,13 +123,6 @@ async def test_behind_a_graceful_proxy_reads_are_plain_and_a_refused_stream_clos
     assert ctx.completed == 1  # no shield: the cancelled read stopped where it was
     call = Call(_Context(), end)  # type: ignore[arg-type]
     assert await call.finish() == 0  # nothing read: the handler's status ends the stream
-
-
-def _chunk(data: bytes, last: bool = False) -> pb.ProcessingRequest:
-    msg = pb.ProcessingRequest()
-    msg.request_body.body = data
-    msg.request_body.end_of_stream = last
-    return msg
 
 
 async def test_a_read_past_the_body_deadline_keeps_running_and_the_next_read_takes_it_over() -> None:
