@@ -27,7 +27,6 @@ an index filled to capacity for that many endpoints, against the index's own est
 from __future__ import annotations
 
 import asyncio
-import cProfile
 import random
 import resource
 import string
@@ -35,7 +34,7 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -51,6 +50,15 @@ from extproc.runtime.app import App
 from extproc.tokenization.builtin import encode
 from extproc.tokenization.chunking import BuiltinTokenizer
 from testkit.kvevents import heard_from
+
+
+class Profiler(Protocol):
+    """What `decision_cells` switches on and off around the measured requests."""
+
+    def enable(self) -> None: ...
+
+    def disable(self) -> None: ...
+
 
 _VOCAB = random.Random(0)
 # Words of 1-12 letters (about 1.16 builtin tokens each) from a 5,000-word vocabulary.
@@ -101,9 +109,10 @@ def fill_precise(index: PrefixIndex | PreciseIndex, keys: list[str], capacity: i
 
 
 def decision_cells(endpoints: int, mode: str, lengths: Sequence[int], requests: Callable[[int], int],
-                   profiler: cProfile.Profile | None = None, max_scored: int | None = None) -> list[dict[str, Any]]:
+                   profiler: Profiler | None = None, max_scored: int | None = None) -> list[dict[str, Any]]:
     """One row of the matrix per prompt length, on one App whose index is filled once; `profiler`
-    (if any) runs over the measured requests only; `max_scored`: --max-scored-endpoints (None: the default)."""
+    (if any: a cProfile.Profile, or bench.scale_parts' timers) runs over the measured requests
+    only; `max_scored`: --max-scored-endpoints (None: the default)."""
     kv = KVEventsConfig(prefix_scorer="precise") if mode == "precise" else KVEventsConfig()
     cfg = replace(EppConfig(seed=1, kv_events=kv), metrics_staleness_threshold_s=1e9)
     if max_scored is not None:
