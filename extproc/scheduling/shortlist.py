@@ -1,8 +1,9 @@
 """Which candidates a decision scores in a large pool (--max-scored-endpoints, default 32).
 
-Scoring an endpoint in Python costs about 1.5 us (predicted-ttft-scorer: its drained backlog,
-load, slot wait, cache fullness and eviction terms), so at 256 endpoints the scorers were three
-quarters of a request's CPU (docs/scale.md). Above `limit` candidates the scheduler scores
+Scoring an endpoint in Python costs microseconds (predicted-ttft-scorer: its drained backlog,
+load, slot wait, cache fullness and eviction terms; bench/results/scale-parts.md), so at 256
+endpoints, every candidate scored, the scorers were three quarters of a request's CPU
+(docs/scale.md). Above `limit` candidates the scheduler scores
 a shortlist of at most `limit` of them instead:
 
 1. every candidate holding part of the prompt in the approximate or the precise index, or the
