@@ -36,12 +36,18 @@ pickers' requests count in F, so P only grows and the bound only falls: it stays
 With more than CHECKED (64) in flight no bound is drawn that scrape (bounded work per scrape).
 The bound must not read a wait for a sequence slot, which a slot limit not learned yet left
 uncharged, as slowness: that read a decode-bound engine's queue as a 12x slower engine. So it is
-drawn from a scrape without a waiting queue (every request there is admitted), or from a queued
+drawn from a scrape without a waiting queue (every request there is admitted now), or from a queued
 one where each of the P + 1 oldest was routed while the endpoint held fewer requests than the
 most running sequences any endpoint of the pool was seen to hold (`queued` False at `add`):
 replicas of one pool run one configuration, so each of them was admitted on arrival and its
 late first token is slow prefill, however long the queue behind it (a prompt queued behind
-another's prefill, which is what a slower engine shows first). Not where the endpoint's last
+another's prefill, which is what a slower engine shows first). Admitted now is not admitted on
+arrival: a request that may have queued is no proof either once a scrape after its routing showed
+a queue with every slot taken (the endpoint's admission limit or the pool's, slots.py), queue or
+none at the scrape that finds it late; the slot it waited for is in its lateness. On a
+decode-bound pool of 8 slots (requests holding them ~3 s) the scrape after such a queue drained
+raised two replicas of four, alike, to 1.9x and 2.3x, and new prompts went to the other two's
+queues. Not where the endpoint's last
 scrape before the routing showed a queue for capacity (slots.py's `engine_says_capacity`: a
 KV-cache limit admits fewer sequences as the prompts grow, so a count seen once proves nothing),
 and never from a scrape that shows one (`capacity`): any late request may be waiting for KV
@@ -70,7 +76,7 @@ MAX_AWAITING = 1024  # own requests remembered per endpoint (the oldest are drop
 
 
 class FirstTokenWait:
-    __slots__ = ("_awaiting", "_base_count", "_ended")
+    __slots__ = ("_awaiting", "_base_count", "_ended", "_slot_queue_at")
 
     def __init__(self) -> None:
         # token -> (routed at s, base ms, slot wait ms, uncached tokens, maybe queued for a slot,
@@ -78,6 +84,7 @@ class FirstTokenWait:
         self._awaiting: dict[int, tuple[float, float, float, float, bool, bool]] = {}
         self._base_count = -1.0  # the engine's first-token count when counting began; -1: not yet
         self._ended = 0  # requests of `_awaiting` whose response ended since then
+        self._slot_queue_at = -math.inf  # the latest scrape showing a queue with every slot taken
 
     def __len__(self) -> int:
         return len(self._awaiting)
@@ -123,14 +130,20 @@ class FirstTokenWait:
 
     def observe(self, first_tokens: float, at: float, slowdown: float, queue: bool = False,
                 step_tokens: int = 0, ms_per_token: float = 0.0,
-                capacity: bool = False) -> tuple[float | None, float]:
+                capacity: bool = False, slot_queue: bool = False) -> tuple[float | None, float]:
         """A scrape at `at` shows `first_tokens` produced in all, and `queue`: whether requests wait
         there: (the slowdown the late requests prove, or None when they prove no more than
         `slowdown` or may have waited for a slot; the prompt tokens still to be prefilled at least),
         module docstring. `step_tokens` (the engine's prefill tokens per step) and `ms_per_token`
         (the prior's prefill cost) price the requests routed after each one that may share the
         step that finishes its prefill; 0: not priced. `capacity`: the scrape shows a capacity
-        queue (slots.py): any of them may be waiting for KV blocks, so no bound is drawn."""
+        queue (slots.py): any of them may be waiting for KV blocks, so no bound is drawn.
+        `slot_queue`: the scrape shows a queue with every slot of the endpoint taken (its admission
+        limit or the pool's, slots.py); a request routed before it that may have queued (`queued` at
+        `add`) may have waited for a slot then, so it proves nothing at later scrapes either, queue
+        or none."""
+        if slot_queue:
+            self._slot_queue_at = at
         if self._base_count < 0 or first_tokens < self._base_count:  # first sight, or a restart
             if self._base_count >= 0 or first_tokens > 0:
                 self._awaiting.clear()  # which of those routed before were served is unknown
@@ -142,8 +155,9 @@ class FirstTokenWait:
             return None, 0.0
         entries = list(awaiting.values())  # at most CHECKED
         oldest = entries[:served + 1]
-        if capacity or (queue and any(e[4] for e in oldest)):
-            bound = 0.0  # one of them may be waiting for a slot: no proof of slowness
+        since = self._slot_queue_at
+        if capacity or (queue and any(e[4] for e in oldest)) or any(e[4] and e[0] <= since for e in oldest):
+            bound = 0.0  # one of them may be waiting, or have waited, for a slot: no proof of slowness
         elif not all(e[5] for e in oldest):
             bound = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill
         else:

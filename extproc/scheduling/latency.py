@@ -155,9 +155,13 @@ class LatencyModel(Calibration):
             # First tokens overdue (first_token.py): at least this slow, unless a late one may
             # have waited for a slot rather than for prefill.
             c = self.config
+            # A queue with every slot taken (the admission limit shown, or the pool's): a request
+            # routed before it may have waited for a slot, admitted or not by a later scrape.
+            limit = w.slots.limit if w.slots.limit > 0 else self.pool_limit
+            slot_queue = m.waiting > 0 and 0 < limit <= m.running
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0,
                                                step_tokens=c.step_tokens, ms_per_token=c.prefill_ms_per_token,
-                                               capacity=capacity)
+                                               capacity=capacity, slot_queue=slot_queue)
             if late is not None:
                 w.slowdown, w.calibration_source = self._clamped(late), "first-token-wait"
                 self._share_calibration()

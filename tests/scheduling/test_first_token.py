@@ -235,7 +235,8 @@ def test_a_capacity_queue_draws_no_bound_and_marks_later_requests_queued() -> No
     """An engine queueing for KV blocks (vllm:num_requests_waiting_by_reason{reason="capacity"})
     delays first tokens by the wait for blocks: no bound from such a scrape, even for requests
     admitted on arrival; and a request routed after it may wait for blocks with fewer sequences
-    running than the pool was seen to run, so a later queue (for prefill) draws none from it either."""
+    running than the pool was seen to run, so a later queue draws none from it either, nor does the
+    scrape after that queue, once the limit is known and was full."""
     f = FirstTokenWait()
     f.observe(0, 0.0, 1.0)
     f.add(1, 0.0, 100.0, 0.0, 1000.0, queued=False)
@@ -260,5 +261,51 @@ def test_a_capacity_queue_draws_no_bound_and_marks_later_requests_queued() -> No
     model.admit(ep, 0.1, base, 0.0)  # 1 request there by the picker's count, fewer than 4: yet queued
     scrape(3.0, 2, 0)  # 3 s on, no first token, a queue (for prefill now)
     assert model.work(ep, 3.0).calibration_source == "prior"
-    scrape(3.5, 0, 0)  # no queue at all: it was admitted by now, and is late
-    assert model.work(ep, 3.5).calibration_source == "first-token-wait"
+    # No queue at all: admitted by now, but the queue at 3.0 had every slot taken (4 running, the
+    # limit the capacity queue showed), so it may have waited for one until then.
+    scrape(3.5, 0, 0)
+    assert model.work(ep, 3.5).calibration_source == "prior"
+
+
+def test_a_request_that_may_have_waited_for_a_slot_proves_nothing_after_the_queue_drains() -> None:
+    """A decode-bound endpoint: 8 slots, each held ~3 s. A request routed while all 8 were taken
+    (queued) waits for a slot; a scrape shows the queue with 8 running, the next one none (it was
+    admitted meanwhile). Its lateness is the slot it waited for, not slow prefill: no bound. A
+    queue with slots free (a prefill queue) still leaves the bound to a later scrape, as before."""
+    f = FirstTokenWait()
+    f.observe(0, 0.0, 1.0)
+    f.add(1, 0.0, 100.0, 0.0, 1000.0, queued=True)
+    assert f.observe(0, 1.0, 1.0, queue=True, slot_queue=True)[0] is None
+    assert f.observe(0, 2.0, 1.0)[0] is None  # admitted by now; 2 s late, but after a slot queue
+    f.add(2, 2.5, 100.0, 0.0, 1000.0, queued=True)  # routed after that queue, none since
+    assert f.observe(0, 3.0, 1.0)[0] is None  # request 1 is still among the oldest: no proof
+    f.remove(1)
+    assert f.observe(0, 3.5, 1.0)[0] == pytest.approx(1000 / MARGIN / 100)
+
+    g = FirstTokenWait()
+    g.observe(0, 0.0, 1.0)
+    g.add(1, 0.0, 100.0, 0.0, 1000.0, queued=True)
+    assert g.observe(0, 1.0, 1.0, queue=True)[0] is None  # a queue, slots free or unknown
+    assert g.observe(0, 2.0, 1.0)[0] == pytest.approx(2000 / MARGIN / 100)
+
+    # Through the model: a limit of 8 learned at a full KV cache, then a queue with all 8 taken.
+    ds = Datastore()
+    ds.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
+    ep = ds.snapshot()[0]
+    model = LatencyModel(LatencyConfig(prefill_ms_per_token=0.1, overhead_ms=10.0, decode_ms_per_seq=0.0),
+                         bytes_per_token=4, clock=lambda: 0.0)
+
+    def scrape(at: float, running: float, waiting: float, kv: float = 0.5) -> None:
+        ds.set_metrics(ep.key, ModelServerMetrics(waiting=waiting, running=running, kv_usage=kv,
+                                                  ttft_sum_s=0.0, ttft_count=0, updated_at=at, ok=True))
+        model.work(ep, at)
+
+    scrape(0.0, 8, 0)
+    scrape(0.05, 8, 1, kv=0.99)  # saturated: the admission limit is 8
+    assert model.work(ep, 0.05).slots.limit == 8
+    base = model.base_ttft_ms(ep, model.work(ep, 0.05), 4000)
+    model.routed(ep, 4000, base, 0.1)
+    model.admit(ep, 0.1, base, 0.0)  # 8 running there: queued
+    scrape(1.0, 8, 1)  # still waiting, every slot taken
+    scrape(2.5, 8, 0)  # admitted meanwhile; no first token 2.4 s on
+    assert model.work(ep, 2.5).calibration_source == "prior"
