@@ -156,7 +156,7 @@ class FirstTokenWait:
         entries = list(awaiting.values())  # at most CHECKED
         oldest = entries[:served + 1]
         since = self._slot_queue_at
-        if capacity or (queue and any(e[4] for e in oldest)) or any(e[4] and e[0] <= since for e in oldest):
+        if capacity or any(e[4] and (queue or e[0] <= since) for e in oldest):
             bound = 0.0  # one of them may be waiting, or have waited, for a slot: no proof of slowness
         elif not all(e[5] for e in oldest):
             bound = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill

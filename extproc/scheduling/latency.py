@@ -157,8 +157,7 @@ class LatencyModel(Calibration):
             c = self.config
             # A queue with every slot taken (the admission limit shown, or the pool's): a request
             # routed before it may have waited for a slot, admitted or not by a later scrape.
-            limit = w.slots.limit if w.slots.limit > 0 else self.pool_limit
-            slot_queue = m.waiting > 0 and 0 < limit <= m.running
+            slot_queue = m.waiting > 0 and w.slots.may_wait(m.running, self.pool_limit)
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0,
                                                step_tokens=c.step_tokens, ms_per_token=c.prefill_ms_per_token,
                                                capacity=capacity, slot_queue=slot_queue)
