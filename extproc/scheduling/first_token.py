@@ -17,7 +17,7 @@ served them, that many first tokens cannot cover P + 1 requests. Its TTFT is at 
     s_j   = (elapsed_j / MARGIN - wait_j) / (base_j + share_j)     (elapsed: since its routing)
     share_j = min(L_j, step_tokens - u_j mod step_tokens) x prefill_ms_per_token
     bound = min over the P + 1 oldest of s_j
-    slowdown <- bound     when bound > slowdown
+    slowdown <- the bound, seen twice (below)     when it is > slowdown
 
 times slower than the prior, the minimum because which of them is late is unknown. share_j
 prices the requests that may share the engine step finishing j's prefill (u_j uncached tokens):
@@ -34,6 +34,17 @@ backlog is at least the prompt tokens of the |W| - P - 1 smallest of them (one m
 which the drain at a slowdown learned too late would have counted as done. First tokens of other
 pickers' requests count in F, so P only grows and the bound only falls: it stays a lower bound.
 With more than CHECKED (64) in flight no bound is drawn that scrape (bounded work per scrape).
+A lateness is believed once two scrapes in a row show it. One pause of the host (a first token
+held ~0.5 s while the engine's process waited for a core) is one late request, and the bound
+drawn at the scrape that finds it is as large as a slow engine's. A pause ends and the first
+token follows at the engine's own speed; a slower engine's request stays late. So a bound is
+taken where the endpoint's previous scrape drew one above the slowdown too, as the smaller of
+the two (the late request may change as first tokens come). A scrape that finds nothing later
+than the slowdown ends the pair; a guarded one (below) says nothing either way. On the two vLLM
+CPU engines of tests/e2e/test_real_vllm.py, taken at once, such a pause read one engine 8.6x slow
+while its twin kept about 1x, and its warm prefixes went to the twin; spared from then on, it got
+no window to correct it. The price is one scrape interval: a wait in proportion to the
+lateness's age finds a slower replica later, while cold prompts still go to it.
 The bound must not read a wait for a sequence slot, which a slot limit not learned yet left
 uncharged, as slowness: that read a decode-bound engine's queue as a 12x slower engine. So it is
 drawn from a scrape without a waiting queue (every request there is admitted now), or from a queued
@@ -76,9 +87,11 @@ MAX_AWAITING = 1024  # own requests remembered per endpoint (the oldest are drop
 
 
 class FirstTokenWait:
-    __slots__ = ("_awaiting", "_base_count", "_ended", "_slot_queue_at")
+    __slots__ = ("_awaiting", "_base_count", "_ended", "_pending", "_slot_queue_at", "_twice")
 
-    def __init__(self) -> None:
+    def __init__(self, twice: bool = True) -> None:
+        self._twice = twice  # False: a bound is taken at the first scrape that draws it
+        self._pending = 0.0  # the bound the previous scrape drew above the slowdown; 0: none
         # token -> (routed at s, base ms, slot wait ms, uncached tokens, maybe queued for a slot,
         # readable: its lateness would be prefill speed), oldest first.
         self._awaiting: dict[int, tuple[float, float, float, float, bool, bool]] = {}
@@ -108,6 +121,7 @@ class FirstTokenWait:
         awaiting = self._awaiting
         for token, (at, base_ms, wait_ms, uncached, queued, readable) in awaiting.items():
             awaiting[token] = (at, base_ms * f, wait_ms, uncached * f, queued, readable)
+        self._pending /= f  # a bound awaiting its second scrape was drawn against the old predictions
 
     @staticmethod
     def _shared_ms(entries: list[tuple[float, float, float, float, bool, bool]], j: int, slowdown: float,
@@ -148,18 +162,23 @@ class FirstTokenWait:
             if self._base_count >= 0 or first_tokens > 0:
                 self._awaiting.clear()  # which of those routed before were served is unknown
             self._base_count, self._ended = first_tokens, 0
+            self._pending = 0.0
             return None, 0.0
         awaiting = self._awaiting
         served = max(int(first_tokens - self._base_count) - self._ended, 0)
-        if served >= len(awaiting) or len(awaiting) > CHECKED:
+        if served >= len(awaiting):
+            self._pending = 0.0  # nothing is late: a lateness seen before has ended
+            return None, 0.0
+        if len(awaiting) > CHECKED:
             return None, 0.0
         entries = list(awaiting.values())  # at most CHECKED
         oldest = entries[:served + 1]
         since = self._slot_queue_at
+        # A guarded scrape proves nothing either way: it neither draws a bound nor ends the run.
         if capacity or any(e[4] and (queue or e[0] <= since) for e in oldest):
-            bound = 0.0  # one of them may be waiting, or have waited, for a slot: no proof of slowness
+            confirmed = 0.0  # one of them may be waiting, or have waited, for a slot: no proof of slowness
         elif not all(e[5] for e in oldest):
-            bound = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill
+            confirmed = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill
         else:
             bound = math.inf
             for j, (routed_at, base_ms, wait_ms, _, _, _) in enumerate(oldest):
@@ -167,8 +186,20 @@ class FirstTokenWait:
                     base_ms += self._shared_ms(entries, j, slowdown, step_tokens, ms_per_token)
                 s = ((at - routed_at) * 1000.0 / MARGIN - wait_ms) / base_ms if base_ms > 0 else 0.0
                 bound = min(bound, s)
+            confirmed = self._held(bound, slowdown)
         # Without a first token, a request's prefill is not done: the len - served - 1 smallest
         # prompts among them are still to prefill in full (one may be part-way).
         unfinished = len(awaiting) - served - 1
         floor = sum(sorted(e[3] for e in entries)[:unfinished]) if unfinished > 0 else 0.0
-        return (bound if bound > slowdown else None), floor
+        return (confirmed if confirmed > slowdown else None), floor
+
+    def _held(self, bound: float, slowdown: float) -> float:
+        """The bound a lateness seen at two scrapes in a row proves: the smaller of their two
+        bounds (the late request may have changed as first tokens came); 0: not yet."""
+        if bound <= slowdown:
+            self._pending = 0.0  # nothing later than known: a lateness seen before has ended
+            return 0.0
+        if not self._twice:
+            return bound
+        held, self._pending = min(self._pending, bound), bound
+        return held

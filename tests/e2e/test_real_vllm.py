@@ -106,12 +106,12 @@ INTERLEAVED = [completion(PROMPTS[g][r]) for r in range(ROUNDS) for g in range(G
 
 
 async def test_a_shared_prefix_stays_on_one_engine_whose_cache_reuses_it(cold: list[Engine], tmp_path: Path) -> None:
-    # Affinity under the prior cost model, calibration off: here both engines, Envoy and the picker
-    # share 2 cores, and one first token held ~0.5 s by the host read an engine 8.6x slow (the
-    # first-token bound, extproc/scheduling/first_token.py) while its twin kept its own faster
-    # reading, and a group's next request left its warm engine. Calibration from real engines is
-    # tested below (test_scraper_reads_real_metrics_and_calibration_learns_the_engines_cost).
-    picker = picker_for(tmp_path, [e.key for e in cold], "--explain-decisions", "--ttft-calibration", "false")
+    # The default configuration, calibration included: here both engines, Envoy and the picker
+    # share 2 cores, and one first token held ~0.5 s by the host once read an engine 8.6x slow
+    # while its twin kept its own faster reading, and a group's next request left its warm
+    # engine; a first-token bound is now taken only where two scrapes in a row draw one
+    # (extproc/scheduling/first_token.py).
+    picker = picker_for(tmp_path, [e.key for e in cold], "--explain-decisions")
     picker.start()
     try:
         before = hits(cold)
