@@ -174,7 +174,7 @@ class FirstTokenWait:
         entries = list(awaiting.values())  # at most CHECKED
         oldest = entries[:served + 1]
         since = self._slot_queue_at
-        # A guarded scrape proves nothing either way: it neither draws a bound nor ends the run.
+        # A guarded scrape proves nothing either way: it neither draws a bound nor ends a pair.
         if capacity or any(e[4] and (queue or e[0] <= since) for e in oldest):
             confirmed = 0.0  # one of them may be waiting, or have waited, for a slot: no proof of slowness
         elif not all(e[5] for e in oldest):
