@@ -338,7 +338,7 @@ def test_a_lateness_is_believed_once_two_scrapes_in_a_row_show_it() -> None:
     assert observe1(slow, 0, 0.4, 1.0) is None
     assert observe1(slow, 0, 0.45, 1.0) == pytest.approx(400 / MARGIN / 50)
     assert observe1(slow, 0, 0.5, 8.0) == pytest.approx(450 / MARGIN / 50)
-    # A scrape that finds nothing later than the slowdown ends the run: a bound before it is not
+    # A scrape that finds nothing later than the slowdown ends the pair: a bound before it is not
     # the first of a pair with one after it.
     ended = FirstTokenWait()
     ended.observe(0, 0.0, 1.0)
