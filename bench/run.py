@@ -33,7 +33,9 @@ decode-bound, heterogeneous, minimal-metrics); results go to {name}-{profile}.
 vLLM's CPU build and a tiny model, started once for the whole matrix, both prefix caches reset
 and both engines idle before every run): the vLLM-sized workloads (`VLLM_WORKLOADS` of
 `bench.lib.vllm_workloads`), the oracle at the engines' block size over the model's real token ids,
-and beside the usage-based hit rate the engines' own (their prefix-cache counters); results go
+beside the usage-based hit rate the engines' own (their prefix-cache counters), and per run the
+placement reference (`bench.lib.placement_reference`, the summary's `hit_reference`: the hits a
+clairvoyant placement gets from caches that evict as vLLM's do, at that run's times); results go
 to bench-vllm by default. The clairvoyant reference reads the simulator's true caches, so it is
 sim-only; `--replicas` and `--time-scale` do not apply. A router setup that fails against the
 engines is reported under "Not run" with its error and skipped for the rest of the matrix.
@@ -76,6 +78,7 @@ from bench.lib.aggregate import aggregate
 from bench.lib.cache_bound import BlockTrace, run_bound
 from bench.lib.go_epp import build_info as go_epp_build_info
 from bench.lib.oracle import VLLM_BLOCK_SIZE, OracleResult, pooled_oracle, traced_oracle, vllm_answer, vllm_tokens
+from bench.lib.placement_reference import placement_figures
 from bench.lib.profiles import PROFILES, SimProfile, smaller_replicas
 from bench.lib.profiles import settings as profile_settings
 from bench.lib.report import RESULTS, Summaries, raw_path, render_only, repetition_name, runs_dir, write_results
@@ -254,6 +257,9 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
                     s = outcome.summary
                     room = sims[wname].replicas * sims[wname].kv_cache_blocks
                     s["hit_bound"] = round(run_bound(outcome.run.requests, draw.traces[wname], room).hit_rate, 4)
+                    if engines is not None:
+                        s.update(placement_figures(outcome.run.requests, draw.traces[wname],
+                                                   [e.key for e in engines.engines]))
                     rep.setdefault(wname, {})[router.label] = s
                     samples = [r.ttft_s * 1000 for r in outcome.run.requests if r.ok and r.ttft_s is not None]
                     rep_ttfts.setdefault(wname, {})[router.label] = samples

@@ -25,7 +25,7 @@ run gets its own (a router that answers faster sends a conversation's next turn 
 
 `BlockTrace.of(prompt, output, block_size, seed)` cuts one request into the blocks it looks up
 (its prompt's full blocks but the last token's) and the blocks it stores, for this bound and for
-the oracle alike;
+the oracle alike (and how many blocks it occupies while it runs, for bench.lib.placement_reference);
 `cache_bound(traces, capacity)` replays them in order; `run_bound(results, traces, capacity)` does
 so for one run's answered requests in the order they were sent (bench.run: capacity = replicas x
 KV-cache blocks each, at the oracle's block size, which is the replicas').
@@ -47,6 +47,10 @@ class BlockTrace:
     block_size: int
     looked_up: tuple[int, ...]  # prompt blocks a cache could serve (all but the last prompt token's)
     stored: tuple[int, ...]  # prompt blocks, then the full blocks of prompt + answer
+    # Blocks the request occupies while it runs: `stored` and the partly filled last one, if any
+    # (the tokens whose KV it computes: the prompt and all but the last generated token); 0: as many
+    # as it stores.
+    blocks: int = 0
 
     @classmethod
     def of(cls, prompt: Sequence[int], output: Sequence[int], block_size: int, seed: int) -> BlockTrace:
@@ -58,7 +62,8 @@ class BlockTrace:
             parent = hashes[-1] if hashes else 0
             tokens = [*prompt, *output]
             stored += hash_blocks(tokens[len(hashes) * block_size:computed], block_size, seed, parent)
-        return cls(n, block_size, tuple(hashes[:max(0, (n - 1) // block_size)]), tuple(stored))
+        return cls(n, block_size, tuple(hashes[:max(0, (n - 1) // block_size)]), tuple(stored),
+                   -(-max(computed, n) // block_size))
 
 
 @dataclass(frozen=True)

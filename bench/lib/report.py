@@ -91,7 +91,13 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     bounded = bound_table(means, rates)
     if bounded:
         md += ["Against the finite-cache bound (the most hits these sends could get from the replicas' caches "
-               "pooled, offline-optimal eviction: bench/lib/cache_bound.py):", "", bounded, ""]
+               "pooled, offline-optimal eviction: bench/lib/cache_bound.py)"
+               + (" and the placement reference (a clairvoyant placement's hits from caches that evict as vLLM's "
+                  "do, one per engine, at each run's times: bench/lib/placement_reference.py)"
+                  if "placement reference" in bounded.split("\n", 1)[0] else "")
+               + ("; where the picker named every engine, its own placement replayed through the same caches "
+                  "(set beside its hit rate: the model's error)" if "replayed" in bounded.split("\n", 1)[0] else "")
+               + ":", "", bounded, ""]
     relative = clairvoyant_table(means)
     if relative:
         md += ["Relative to the clairvoyant reference (routes on the replicas' true caches and queues):", "",

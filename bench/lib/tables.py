@@ -10,7 +10,8 @@
 - `clairvoyant_table`: every router's hit rate and TTFT p99 as a fraction of the clairvoyant
   reference's (`bench.lib.targets.relative_to`).
 - `bound_table`: every router's hit rate against the finite-cache bound of its own runs
-  (`bench.lib.cache_bound`).
+  (`bench.lib.cache_bound`) and, on real engines, against the placement reference
+  (`bench.lib.placement_reference`).
 """
 
 from __future__ import annotations
@@ -138,15 +139,28 @@ def clairvoyant_table(summaries: Rows) -> str:
 
 def bound_table(summaries: Rows, oracle: Mapping[str, float]) -> str:
     """Hit rate against the finite-cache bound of the same sends (`hit_bound`, each run's; means
-    over the repetitions), beside the infinite-cache oracle; '' where no run carries one."""
-    lines = ["| workload | router | hit rate | finite-cache bound | of bound | infinite-cache oracle |",
-             "|---|---|---:|---:|---:|---:|"]
+    over the repetitions), beside the infinite-cache oracle; where the runs carry the placement
+    reference (`hit_reference`, real engines), it and the hit rate's share of it too, and where some
+    carry the replay of their own placement (`hit_replayed`), that; '' where no run carries a bound."""
+    rows_all = [r for rows in summaries.values() for r in rows.values()]
+    optional = [(key, title) for key, title in (("hit_reference", "placement reference | of reference"),
+                                                 ("hit_replayed", "its placement replayed"))
+                if any(key in r for r in rows_all)]
+    head = "".join(f" {title} |" for _, title in optional)
+    rule = "".join("---:|" * (title.count("|") + 1) for _, title in optional)
+    lines = [f"| workload | router | hit rate | finite-cache bound | of bound |{head} infinite-cache oracle |",
+             f"|---|---|---:|---:|---:|{rule}---:|"]
     for workload, rows in summaries.items():
         for router, r in rows.items():
             bound = r.get("hit_bound")
             if bound is None:
                 continue
-            of = _pct(r["hit_rate"] / bound) if bound else "-"
-            lines.append(f"| {workload} | {router} | {_pct(r['hit_rate'])} | {_pct(bound)} | {of} "
-                         f"| {_pct(oracle.get(workload, 0.0))} |")
+            cells = [_pct(r["hit_rate"]), _pct(bound), _pct(r["hit_rate"] / bound) if bound else "-"]
+            for key, _ in optional:
+                value = r.get(key)
+                cells.append("-" if value is None else _pct(value))
+                if key == "hit_reference":
+                    cells.append(_pct(r["hit_rate"] / value) if value else "-")
+            cells.append(_pct(oracle.get(workload, 0.0)))
+            lines.append(f"| {workload} | {router} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""

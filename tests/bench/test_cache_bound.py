@@ -93,3 +93,18 @@ def test_the_report_sets_each_hit_rate_against_its_bound() -> None:
     assert body == ["| multi-turn | prefix-epp | 60.0% | 80.0% | 75.0% | 90.0% |",  # random ran without a bound
                     "| no-reuse | prefix-epp | 0.0% | 0.0% | - | 0.0% |"]
     assert bound_table({"multi-turn": {"random": {"hit_rate": 0.3}}}, {}) == ""
+
+
+def test_on_real_engines_the_report_sets_each_hit_rate_against_the_placement_reference_too() -> None:
+    rows = {"multi-turn": {"prefix-epp": {"hit_rate": 0.6, "hit_bound": 0.8, "hit_reference": 0.75},
+                           "random": {"hit_rate": 0.3, "hit_bound": 0.8}}}
+    header, rule, *body = bound_table(rows, {"multi-turn": 0.9}).splitlines()
+    assert "| placement reference | of reference | infinite-cache oracle |" in header
+    assert rule.count("|") == header.count("|")
+    assert body == ["| multi-turn | prefix-epp | 60.0% | 80.0% | 75.0% | 75.0% | 80.0% | 90.0% |",
+                    "| multi-turn | random | 30.0% | 80.0% | 37.5% | - | - | 90.0% |"]
+    rows["multi-turn"]["prefix-epp"]["hit_replayed"] = 0.61
+    header, rule, *body = bound_table(rows, {"multi-turn": 0.9}).splitlines()
+    assert "| of reference | its placement replayed | infinite-cache oracle |" in header
+    assert rule.count("|") == header.count("|")
+    assert body[0] == "| multi-turn | prefix-epp | 60.0% | 80.0% | 75.0% | 75.0% | 80.0% | 61.0% | 90.0% |"

@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -152,7 +153,7 @@ def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
     @contextlib.contextmanager
     def fake_engines(tmp: Path) -> Iterator[object]:
         started.append(tmp)
-        yield object()
+        yield SimpleNamespace(engines=[SimpleNamespace(key="a"), SimpleNamespace(key="b")])
 
     def fake_run(_tmp: Path, _w: object, router: RouterSpec, _sim: object, _log: object,
                  backend: object = None) -> Outcome:
@@ -179,5 +180,6 @@ def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
         "failed against real vLLM on shared-prefix (repetition 1): RuntimeError: sglang-router exited ... "
         "error: no workers")
     assert [list(r["shared-prefix"]) for r in doc["repetitions"]] == [["random"], ["random"]]
+    assert doc["repetitions"][0]["shared-prefix"]["random"]["hit_reference"] == 0.0  # nothing to hit
     md = (tmp_path / "v.md").read_text()
     assert md.startswith("Engines: 2 real vLLM engines") and "Not run: sglang-router: failed" in md
