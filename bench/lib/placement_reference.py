@@ -3,8 +3,8 @@
 The finite-cache bound (`bench.lib.cache_bound`) pools the replicas' caches and evicts
 offline-optimally. Real vLLM engines evict by their own rule, one engine at a time, so part of the
 gap between a router and that bound is out of any router's reach: a router chooses where each
-request goes, never what an engine evicts. This module replays a run's requests, at the times that
-run sent and finished them, through a model of each engine's cache, and asks how many hits a
+request goes, never what an engine evicts. This module replays a run's requests, each from its
+first token to its end, through a model of each engine's cache, and asks how many hits a
 clairvoyant placement gets there.
 
 `EngineCache`, vLLM V1's block pool as far as prefix hits go (vllm/v1/core/block_pool.py and
@@ -20,15 +20,15 @@ kv_cache_manager.py):
 - a finished request's cached blocks that no running request still holds return to the free
   queue's tail in reverse order (vLLM frees them so, so that a prompt's tail is evicted before its
   head); its partly filled block, which holds no prefix, goes to the head, to be reused first.
-What it leaves out: a request waiting in the engine's queue holds no blocks yet (here it takes them
-when sent), chunked prefill takes them chunk by chunk, and a pool out of free blocks preempts (here
-the block is taken anyway). tests/vllm/test_placement_reference.py checks the model against a real
-engine request by request.
+What it leaves out: when exactly the engine scheduled each request (here, at its first token, by
+which time all its prompt's blocks are taken), chunked prefill taking them chunk by chunk, and
+preemption when the pool runs out (here the block is taken anyway).
+tests/e2e/test_vllm_cache_model.py checks the model against a real engine request by request.
 
 `replay(requests, placement, engines, capacity)`: the engines' cache hits for a placement, the
 requests' starts and ends in time order (an end before a start at the same instant). A request
 starts at its first token (`timed`): on a busy engine it waits in the queue before it takes any
-block, and a replay from its send gave up to 3.5 points more hits than the engines counted.
+block, and replays from the sends counted more hits than queued engines did.
 
 `reference(requests, engines, capacity)`: greedy clairvoyant placement. In the order the requests
 were sent, each request tries every engine: from the replayed state at its start, the rest of the
@@ -36,7 +36,7 @@ run is replayed with each later request on `base_choice` (the engine holding the
 run of its blocks, ties to the one running fewest requests, then the lowest index), and the request
 keeps the engine whose replay hits most (ties to base_choice's). It knows every later request and
 when it will come, so no online router is expected to reach it; it is not a bound either (greedy,
-one request at a time). Its cost is requests x engines x the events left, ~4 s of CPU for a
+one request at a time). Its cost is requests x engines x the events left, ~1 s of CPU for a
 160-request run on 2 engines, so bench.run computes it only for the 2 engines of the vLLM
 backend. `run_reference(results, traces, engines, capacity)` takes one run's answered requests;
 `run_replayed` replays the run's own placement where its records name every engine (the
