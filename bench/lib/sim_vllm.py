@@ -36,6 +36,8 @@ def sim_flags(profile: dict[str, Any]) -> tuple[str, ...]:
 
 def settings(tokenizer_json: Path, profile: dict[str, Any]) -> SimSettings:
     tok = str(tokenizer_json)
-    return SimSettings(replicas=ENGINES, kv_cache_blocks=NUM_BLOCKS, block_size=VLLM_BLOCK_SIZE,
+    # vLLM keeps one of its NUM_BLOCKS aside (the block pool's null block): the engines use the rest
+    # (tests/e2e/test_vllm_cache_model.py: the simulator's cache at NUM_BLOCKS - 1 gives their hits).
+    return SimSettings(replicas=ENGINES, kv_cache_blocks=NUM_BLOCKS - 1, block_size=VLLM_BLOCK_SIZE,
                        max_model_len=MAX_MODEL_LEN, sim_args=(*sim_flags(profile), "--tokenizer", tok),
                        picker_args=("--tokenizer", tok, "--kv-events-block-size", str(VLLM_BLOCK_SIZE)))

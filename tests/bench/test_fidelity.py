@@ -32,7 +32,7 @@ def test_settings_give_the_simulator_and_the_picker_the_models_tokenizer(tmp_pat
     tok = tmp_path / "tokenizer.json"
     s = sim_vllm.settings(tok, {"inter_token_latency": 2, "decode_time_per_seq": 0.2, "prefill_time_per_token": 0.03,
                                 "prefill_overhead": 8})
-    assert (s.replicas, s.kv_cache_blocks, s.block_size) == (2, 512, 32)
+    assert (s.replicas, s.kv_cache_blocks, s.block_size) == (2, 511, 32)  # vLLM's 512 less its null block
     assert s.sim_args[-2:] == ("--tokenizer", str(tok)) and "--prefill-overhead" in s.sim_args
     assert s.picker_args == ("--tokenizer", str(tok), "--kv-events-block-size", "32")
 

@@ -1,10 +1,12 @@
-"""bench.lib.placement_reference's engine cache against a real vLLM engine, request by request.
+"""Two models of vLLM's prefix cache against a real engine, request by request.
 
 The placement reference of the real-vLLM benchmark replays a run through a model of each engine's
-prefix cache (vLLM's block pool: leading hits, a free queue evicted least recently freed first, a
-finished request's blocks freed tail first). Here one real engine (testkit/vllm.py: 512 blocks
-of 32 tokens, one core) serves a sequence that holds several times its cache, one request at a
-time, and the model must give the cached tokens vLLM reports for every request: evictions and all.
+prefix cache (bench.lib.placement_reference.EngineCache: vLLM's block pool, leading hits, a free
+queue evicted least recently freed first, a finished request's blocks freed tail first), and the
+simulator's replicas keep their own (prefix_epp_sim.kvcache.KVCache). Here one real engine
+(testkit/vllm.py: 512 blocks of 32 tokens, one core) serves a sequence larger than its cache, one
+request at a time, and both models, given the engine's 511 usable blocks, must give the cached
+tokens vLLM reports for every request: evictions and all.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 
 from bench.lib.cache_bound import BlockTrace
 from bench.lib.placement_reference import EngineCache
+from prefix_epp_sim.kvcache import KVCache, hash_blocks
 from testkit.tiny_model import TEXT
 from testkit.vllm import BLOCK_SIZE, NUM_BLOCKS, Engine, engines
 from testkit.vllm_env import MODEL_NAME
@@ -54,12 +57,16 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         yield started[0]
 
 
-def test_the_cache_model_gives_vllms_cached_tokens_for_every_request(engine: Engine) -> None:
+def test_both_cache_models_give_vllms_cached_tokens_for_every_request(engine: Engine) -> None:
     engine.reset_prefix_cache()
     # vLLM's block pool keeps one of its blocks aside (the null block): 511 of 512 hold prefixes.
     model, unbounded = EngineCache(NUM_BLOCKS - 1), EngineCache(10**6)
+    simulator = KVCache(NUM_BLOCKS - 1, BLOCK_SIZE)
+    one_more = EngineCache(NUM_BLOCKS)  # the null block counted: the sequence tells the difference
     real: list[int] = []
     modelled: list[int] = []
+    simulated: list[int] = []
+    with_512: list[int] = []
     without_eviction: list[int] = []
     for prompt in sequence():
         ids = engine.post("/tokenize", {"model": MODEL_NAME, "prompt": prompt})["tokens"]
@@ -69,12 +76,20 @@ def test_the_cache_model_gives_vllms_cached_tokens_for_every_request(engine: Eng
         assert int(reply["usage"]["prompt_tokens"]) == len(ids)
         # The answer's own tokens are never looked up again here; only the blocks they fill count.
         trace = BlockTrace.of(ids, [0] * 2, BLOCK_SIZE, seed=0)
-        for cache, out in ((model, modelled), (unbounded, without_eviction)):
+        for cache, out in ((model, modelled), (one_more, with_512), (unbounded, without_eviction)):
             out.append(cache.start(trace) * BLOCK_SIZE)
             cache.end(trace)
+        hashes = hash_blocks(ids, BLOCK_SIZE, seed=0)
+        allocation = simulator.allocate(hashes, len(ids), len(ids) + 2)
+        assert allocation is not None
+        simulated.append(allocation.cached_tokens)
+        simulator.commit(allocation, hashes, ids)
+        simulator.free(allocation)
     assert modelled == real
+    assert simulated == real
+    assert with_512 != real
     # The sequence does evict: reuses an unbounded cache would serve found their blocks gone, some
-    # of them all but their first blocks (where a model of 512 usable blocks is wrong).
+    # of them all but their first blocks.
     pairs = list(zip(real, without_eviction, strict=True))
     assert sum(a < b for a, b in pairs) >= 2 and any(0 < a < b for a, b in pairs), pairs
     assert sum(real) > 0
