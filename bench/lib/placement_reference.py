@@ -124,9 +124,6 @@ class EngineCache:
                 free[h] = None
 
 
-Placement = Callable[[int, Sequence[EngineCache], Sequence[int]], int]  # (request, caches, running) -> engine
-
-
 def _events(requests: Sequence[Timed]) -> list[tuple[float, int, int]]:
     """(time, 0 for an end or 1 for a start, request) in time order."""
     out = [(r.start_s, 1, i) for i, r in enumerate(requests)]

@@ -28,6 +28,7 @@ from bench.lib.oracle import OracleResult
 from bench.lib.tables import (
     accuracy_table,
     bound_table,
+    carried,
     clairvoyant_table,
     results_table,
     targets_table,
@@ -94,9 +95,9 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
                "pooled, offline-optimal eviction: bench/lib/cache_bound.py)"
                + (" and the placement reference (a clairvoyant placement's hits from caches that evict as vLLM's "
                   "do, one per engine, at each run's times: bench/lib/placement_reference.py)"
-                  if "placement reference" in bounded.split("\n", 1)[0] else "")
+                  if carried(means, "hit_reference") else "")
                + ("; where the picker named every engine, its own placement replayed through the same caches "
-                  "(set beside its hit rate: the model's error)" if "replayed" in bounded.split("\n", 1)[0] else "")
+                  "(set beside its hit rate: the model's error)" if carried(means, "hit_replayed") else "")
                + ":", "", bounded, ""]
     relative = clairvoyant_table(means)
     if relative:

@@ -137,15 +137,19 @@ def clairvoyant_table(summaries: Rows) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def carried(summaries: Rows, key: str) -> bool:
+    """Whether any (workload, router) row carries `key`."""
+    return any(key in r for rows in summaries.values() for r in rows.values())
+
+
 def bound_table(summaries: Rows, oracle: Mapping[str, float]) -> str:
     """Hit rate against the finite-cache bound of the same sends (`hit_bound`, each run's; means
     over the repetitions), beside the infinite-cache oracle; where the runs carry the placement
     reference (`hit_reference`, real engines), it and the hit rate's share of it too, and where some
     carry the replay of their own placement (`hit_replayed`), that; '' where no run carries a bound."""
-    rows_all = [r for rows in summaries.values() for r in rows.values()]
     optional = [(key, title) for key, title in (("hit_reference", "placement reference | of reference"),
                                                  ("hit_replayed", "its placement replayed"))
-                if any(key in r for r in rows_all)]
+                if carried(summaries, key)]
     head = "".join(f" {title} |" for _, title in optional)
     rule = "".join("---:|" * (title.count("|") + 1) for _, title in optional)
     lines = [f"| workload | router | hit rate | finite-cache bound | of bound |{head} infinite-cache oracle |",
