@@ -69,8 +69,20 @@ client's value for them. A route's `request_headers_to_remove` would not do: the
 after ext_proc has already read the headers.
 
 Envoy never reads the `x-gateway-destination-endpoint` request
-header for routing, so a client that forges it steers nothing, even while the picker is down
-(fail-closed: Envoy answers 500 until the picker is back).
+header for routing, so a client that forges it steers nothing, even while the picker is down.
+
+Picker failures (`--failure-mode-allow`, on by default: fail open): an ext_proc stream that fails
+after the picker answered (the picker crashed or restarted mid-generation) leaves the request to
+run to its end instead of cutting it; a request the picker cannot route goes on unsteered: round
+robin over `--endpoints`, or 503 from ORIGINAL_DST, which has no address to go to. What it costs:
+the picker does not see those requests end, so their in-flight counts die with the process that
+held them (a restarted picker starts from zero anyway). Fail closed (`--failure-mode-allow=false`)
+cuts every open request and answers 500 while the picker is unreachable.
+
+Fallbacks (on by default with `--endpoints`): `--max-endpoints` defaults to 2 there, so a first
+choice that refuses the connection or answers 502/503/504 before its response started costs a
+retry on the picker's second choice, not a failed request (run `prefix-epp serve --max-endpoints 2`
+to hand Envoy that second choice; with one, the retry goes round robin).
 
 `metadata_options.receiving_namespaces` must list `envoy.lb`, or Envoy drops the metadata.
 """
@@ -96,6 +108,8 @@ CONTROL_HEADERS = ("test-epp-endpoint-selection", DESTINATION_HEADER, f"{DESTINA
 # waits for the picker to close it, instead of resetting it (module docstring: off by default).
 GRACEFUL_EXT_PROC_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
 _PICKER = EppConfig()  # the picker's defaults, which these must match
+# --max-endpoints with --endpoints: the first choice and one fallback (prefix-epp serve --max-endpoints 2).
+FALLBACK_ENDPOINTS = 2
 _MAX_BODY = _PICKER.max_request_body_bytes
 
 
@@ -126,7 +140,7 @@ def build_config(
     listen_port: int, epp: str, admin_port: int = 0, *, listen_address: str = "127.0.0.1",
     epp_tls: bool = _PICKER.secure_serving, request_body_mode: str = "BUFFERED",
     response_processing: str = "end", max_request_body_bytes: int = _MAX_BODY,
-    failure_mode_allow: bool = False, endpoints: tuple[str, ...] = (), max_endpoints: int = _PICKER.max_endpoints,
+    failure_mode_allow: bool = True, endpoints: tuple[str, ...] = (), max_endpoints: int = _PICKER.max_endpoints,
     traffic: ProxyTrafficConfig | None = None, upstream_ca_file: str = "", upstream_server_name: str = "",
     upstream_client_cert: str = "", upstream_client_key: str = "", strip_control_headers: bool = True,
     graceful_ext_proc_close: bool = False,
@@ -345,6 +359,12 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+def default_max_endpoints(endpoints: str) -> int:
+    """Fallbacks on where the cluster takes a list (override_host, with --endpoints); ORIGINAL_DST
+    takes a single address."""
+    return FALLBACK_ENDPOINTS if endpoints.strip() else 1
+
+
 def render(config: dict[str, Any]) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
@@ -356,7 +376,8 @@ def run(args: argparse.Namespace) -> int:
         response_processing=args.response_processing, max_request_body_bytes=args.max_request_body_bytes,
         failure_mode_allow=args.failure_mode_allow,
         endpoints=tuple(e.strip() for e in args.endpoints.split(",") if e.strip()),
-        max_endpoints=args.max_endpoints, upstream_ca_file=args.upstream_ca_file,
+        max_endpoints=default_max_endpoints(args.endpoints) if args.max_endpoints is None else args.max_endpoints,
+        upstream_ca_file=args.upstream_ca_file,
         upstream_server_name=args.upstream_server_name, upstream_client_cert=args.upstream_client_cert,
         upstream_client_key=args.upstream_client_key, strip_control_headers=args.strip_control_headers,
         graceful_ext_proc_close=args.graceful_ext_proc_close,
@@ -382,12 +403,15 @@ def add_parser(subparsers: Any) -> None:
                         "(the reference full-duplex config), or nothing")
     p.add_argument("--max-request-body-bytes", type=int, default=_MAX_BODY,
                    help="with buffered request bodies, Envoy's per-connection buffer limit (match the picker's)")
-    p.add_argument("--failure-mode-allow", type=parse_bool, nargs="?", const=True, default=False, metavar="BOOL",
-                   help="let requests through unrouted when the picker fails (ORIGINAL_DST then returns 503)")
+    p.add_argument("--failure-mode-allow", type=parse_bool, nargs="?", const=True, default=True, metavar="BOOL",
+                   help="fail open: a request routed before the picker failed runs to its end, and one the picker "
+                        "cannot route goes on unsteered (round robin with --endpoints, 503 without); false: Envoy "
+                        "cuts every open request and answers 500 while the picker is unreachable")
     p.add_argument("--endpoints", default="",
                    help="static model-server endpoints ip:port,...: route with override_host (fallback lists)")
-    p.add_argument("--max-endpoints", type=int, default=_PICKER.max_endpoints,
-                   help="endpoints the picker returns (its --max-endpoints); >1 adds a retry policy that walks them")
+    p.add_argument("--max-endpoints", type=int, default=None,
+                   help="endpoints the picker returns (its --max-endpoints); >1 adds a retry policy that walks "
+                        f"them (default: {FALLBACK_ENDPOINTS} with --endpoints, else 1: ORIGINAL_DST takes one address)")
     p.add_argument("--upstream-ca-file", default="",
                    help="PEM CA that signed the picker's certificate: Envoy verifies it (chain, SNI and SAN); "
                         "empty: TLS without verification")

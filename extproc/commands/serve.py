@@ -85,8 +85,9 @@ def validate(config: EppConfig) -> None:
                                                                "config_value": final})
 
 
-async def serve(config: EppConfig) -> None:
-    """Run until SIGTERM/SIGINT, then drain (extproc/transport/streams.py); a second signal cuts the drain short."""
+async def serve(config: EppConfig) -> int:
+    """Run until SIGTERM/SIGINT, then drain (extproc/transport/streams.py); a second signal cuts the
+    drain short. Returns the exit status: 1 when the drain cut open streams, else 0."""
     from extproc.runtime.app import App, freeze_startup_heap
     from extproc.runtime.workers import WorkerRole, worker_role
 
@@ -104,9 +105,10 @@ async def serve(config: EppConfig) -> None:
     await app.start()
     try:
         await stop.wait()
-        await app.drain(hurry)
+        cut = await app.drain(hurry)
     finally:
         await app.stop()
+    return 1 if cut else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if config.workers > 1 and worker_role() is None:
         have_secret = bool(config.sync.secret_file or os.environ.get(SECRET_ENV))
         return supervise(config.workers, sys.argv[1:], SECRET_ENV, have_secret)
-    asyncio.run(serve(config))
-    return 0
+    return asyncio.run(serve(config))
 
 
 def add_parser(subparsers: Any) -> None:

@@ -104,6 +104,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--max-endpoints", "max_endpoints", INT, SCHEDULING,
          "endpoints returned per request, best first (>1: fallbacks)", AT_LEAST_1,
          parameters=("max-score-picker.maxNumOfEndpoints",)),
+    Flag("--outlier-consecutive-failures", "outlier.consecutive_failures", INT, SCHEDULING,
+         "eject an endpoint after this many routed requests in a row failed (5xx, reset, failed "
+         "connection), for --outlier-ejection-time doubling per ejection in a row (0: never)", Range(0, 1000)),
+    Flag("--outlier-ejection-time", "outlier.base_ejection_s", DURATION, SCHEDULING,
+         "how long a first ejection lasts; then the endpoint is probed back", POSITIVE),
     Flag("--max-scored-endpoints", "max_scored_endpoints", INT, SCHEDULING,
          "above this many candidates, score only those holding part of the prompt, the "
          "least waiting and a random sample, this many in all (0: score every candidate)", Range(0)),
@@ -237,7 +242,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--sync-warm-timeout", "sync.warm_timeout_s", DURATION, REPLICAS,
          "wait at most this long for a peer's index snapshot before reporting ready", NON_NEGATIVE),
     Flag("--drain-timeout", "drain.timeout_s", DURATION, REPLICAS,
-         "on SIGTERM, wait this long at most for open streams to end", NON_NEGATIVE),
+         "on SIGTERM, wait this long at most for open streams to end; streams still open then are "
+         "cut and the exit status is 1", NON_NEGATIVE),
+    Flag("--drain-readiness-delay", "drain.readiness_delay_s", DURATION, REPLICAS,
+         "on SIGTERM, keep taking new streams this long (readiness NOT_SERVING propagates), less "
+         "if none comes; then close the ext_proc port", NON_NEGATIVE),
     Flag("--workers", "workers", INT, REPLICAS,
          "picker processes sharing the ext_proc port (SO_REUSEPORT), one core each", Range(1, 64)),
     # Not a config field: `prefix-epp serve` sets up its logs from args.log_level before anything else.

@@ -250,7 +250,20 @@ class DrainConfig:
     """Graceful stop on SIGTERM (extproc/transport/streams.py)."""
 
     timeout_s: float = 30.0  # --drain-timeout: = the chart's terminationGracePeriodSeconds
-    idle_s: float = 1.0  # exit once no ext_proc stream has been open for this long
+    # --drain-readiness-delay: new streams are still served this long after SIGTERM, while the
+    # NOT_SERVING readiness reaches the proxies and the kubelet; then the ext_proc port closes.
+    readiness_delay_s: float = 5.0
+    idle_s: float = 1.0  # with no new streams coming, exit once none has been open for this long
+
+
+@dataclass(frozen=True)
+class OutlierConfig:
+    """Ejection of endpoints whose responses fail (extproc/control/health.py), as Envoy's outlier
+    detection (consecutive_5xx) does, with the back-off doubling for each ejection in a row."""
+
+    consecutive_failures: int = 3  # --outlier-consecutive-failures (0: never eject)
+    base_ejection_s: float = 2.0  # --outlier-ejection-time
+    max_ejection_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -325,6 +338,7 @@ class EppConfig:
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
+    outlier: OutlierConfig = field(default_factory=OutlierConfig)
     workers: int = 1  # --workers: picker processes sharing the ext_proc port (extproc/runtime/workers.py)
     seed: int | None = None
     # Model names that keep their own metric label (besides those the engines report); any other

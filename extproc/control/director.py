@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 from extproc.config.settings import EppConfig
 from extproc.control.affinity import affinity_hint, response_key
+from extproc.control.health import Rotation
 from extproc.control.response_ids import ResponseWatch
 from extproc.control.usage import Prediction, Report, UsageSampler, UsageTracker, matched_bytes
 from extproc.core.datastore import Datastore, Endpoint, split_host_port
@@ -133,10 +134,12 @@ class Director:
         precise: PreciseKeys | None = None,
         tokenizer: Tokenizer | None = None,
         routes_on_tokens: bool = True,
+        rotation: Rotation | None = None,
     ) -> None:
         self.config = config
         self.datastore = datastore
         self.scheduler = scheduler
+        self.rotation = rotation  # failing endpoints out of rotation (extproc/control/health.py)
         self.admission = admission
         self.priority_of = priority_of or (lambda _name: 0)
         self._rng = rng or random.Random()
@@ -162,6 +165,8 @@ class Director:
             endpoints = [ep for ep in endpoints if _matches(ep, wanted)]
             if not endpoints:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no eligible endpoint for this request")
+        if self.rotation is not None:
+            return list(self.rotation.candidates(endpoints))
         return endpoints
 
     def new_request_id(self) -> str:
@@ -207,12 +212,17 @@ class Director:
         self.datastore.acquire(ep.key)
         return ep
 
-    def complete(self, ep: Endpoint, decision: Decision | None = None) -> None:
+    def complete(self, ep: Endpoint, decision: Decision | None = None, ok: bool | None = None) -> None:
         """The request on `ep` ended: release its in-flight count; the scheduler's observers learn
-        that its prefill is over (a response came back, or the stream ended)."""
+        that its prefill is over (a response came back, or the stream ended). `ok`: the response
+        succeeded (True), failed (False: a 5xx, a reset, a failed connection; it counts towards
+        the endpoint's ejection and teaches the scheduler nothing), or is unknown (None: the
+        stream ended before a response, e.g. the client went away)."""
         self.datastore.release(ep)
+        if ok is not None and self.rotation is not None:
+            self.rotation.outcome(ep, ok)
         if decision is not None:
-            self.scheduler.finished(decision, ep)
+            self.scheduler.finished(decision, ep, ok=ok is not False)
 
     def served_by(self, decision: Decision, current: Endpoint, served: str) -> Endpoint:
         """The proxy reports that `served` (ip:port) answered the request. If that is another
@@ -226,6 +236,8 @@ class Director:
         moved = self.datastore.acquire(target.key)
         if moved is None:  # left the pool meanwhile
             return current
+        if self.rotation is not None and current is decision.primary:
+            self.rotation.outcome(current, False)  # the proxy retried elsewhere: the first choice failed
         self.datastore.release(current)
         self.scheduler.reassign(decision, moved)
         return moved

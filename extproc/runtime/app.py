@@ -5,7 +5,8 @@ creates its own dependencies behind the caller's back.
 
 Peer sync (extproc/sync/, `--sync-port`) is reached by the request path only through the index
 listeners registered here; readiness waits for discovery and for the warm start. Stopping is two
-steps: `drain()` (readiness NOT_SERVING, open streams finish, extproc/transport/streams.py), then `stop()`.
+steps: `drain()` (readiness NOT_SERVING, the ext_proc port closed after the readiness delay, open
+streams finish, extproc/transport/streams.py), then `stop()`.
 
 What runs where: everything runs on one asyncio event loop (the gRPC servers, the background
 loops, /metrics collection), so the datastore and indexes need no locks. Only the Kubernetes
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,6 +33,7 @@ import grpc
 
 from extproc.config.settings import EppConfig
 from extproc.control.director import Director
+from extproc.control.health import Rotation
 from extproc.core.background import Supervised, supervise
 from extproc.core.datastore import Datastore, Endpoint
 from extproc.discovery.static import load_static
@@ -47,6 +50,7 @@ from extproc.telemetry.epp import EppMetrics
 from extproc.telemetry.http import start_metrics_server
 from extproc.telemetry.kv_events import KVEventsCollector
 from extproc.telemetry.latency import LatencyCollector
+from extproc.telemetry.rotation import RotationCollector
 from extproc.tokenization.factory import Tokenizer, make_tokenizer
 from extproc.transport.body_budget import BodyBudget
 from extproc.transport.grpc_server import start_servers
@@ -59,6 +63,10 @@ if TYPE_CHECKING:
     from extproc.sync.manager import PeerSync
 
 log = logging.getLogger("prefix_epp")
+
+
+def _set(event: asyncio.Event | None) -> bool:
+    return event is not None and event.is_set()
 
 
 def freeze_startup_heap() -> int:
@@ -112,12 +120,15 @@ class App:
             self.discovery = KubernetesDiscovery(cfg, self.datastore)
         if cfg.refresh_metrics_interval_s > 0:
             self.scraper = MetricsScraper(cfg, self.datastore, self.index)
+        self.rotation = Rotation(cfg.outlier, self.datastore)
         self.director = Director(cfg, self.datastore, self.scheduler, admission=self.detector.admit,
                                  priority_of=self.discovery.priority_of if self.discovery else None,
                                  precise=self.kv_events, tokenizer=self.tokenizer,
-                                 routes_on_tokens=precise_routing(cfg.kv_events, scorer_types))
+                                 routes_on_tokens=precise_routing(cfg.kv_events, scorer_types),
+                                 rotation=self.rotation)
         self.metrics = EppMetrics(self.datastore, self.index, cfg.pool_name, cfg.metrics_staleness_threshold_s,
                                   cfg.model_names)
+        self.metrics.registry.register(RotationCollector(self.rotation, self.datastore))
         if self.scraper is not None:
             self.scraper.on_models = self.metrics.models.learn  # engines' model names keep their label
         self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/control/usage.py)
@@ -213,14 +224,33 @@ class App:
             "worker": self.role.index, "workers": self.role.count,
         })
 
-    async def drain(self, interrupt: asyncio.Event | None = None) -> bool:
-        """Readiness NOT_SERVING at once; True once open streams ended (False: --drain-timeout)."""
+    async def drain(self, interrupt: asyncio.Event | None = None) -> int:
+        """Readiness NOT_SERVING at once; new streams taken for the readiness delay (less if none
+        comes); then the ext_proc port closes and the open streams finish. Returns how many the
+        drain timeout (or `interrupt`) cut: 0 is a clean stop (extproc/transport/streams.py)."""
         self.health.shutting_down = True
         d = self.config.drain
-        log.info("draining", extra={"open_streams": self.streams.open, "timeout_s": d.timeout_s})
-        done = await self.streams.drained(d.idle_s, d.timeout_s, interrupt)
-        log.info("drained" if done else "drain cut short", extra={"open_streams": self.streams.open})
-        return done
+        streams = self.streams
+        start = time.monotonic()
+        log.info("draining", extra={"open_streams": streams.open, "timeout_s": d.timeout_s,
+                                    "readiness_delay_s": d.readiness_delay_s})
+        delay = min(d.readiness_delay_s, d.timeout_s)
+        if not await streams.drained(d.idle_s, delay, interrupt) and not _set(interrupt):
+            left = max(0.0, d.timeout_s - (time.monotonic() - start))
+            closing = [asyncio.ensure_future(s.stop(left)) for s in self._servers[:1]]  # the ext_proc port
+            log.info("ext_proc port closed to new streams", extra={"open_streams": streams.open})
+            await streams.drained(0.0, left, interrupt)
+            cut = streams.open
+            for task in closing:
+                task.cancel()
+        else:
+            cut = streams.open
+        if cut:
+            log.warning("drain cut open streams", extra={"cut_streams": cut, "timeout_s": d.timeout_s,
+                                                        "interrupted": _set(interrupt)})
+        else:
+            log.info("drained", extra={"elapsed_s": round(time.monotonic() - start, 3)})
+        return cut
 
     def _supervise(self, name: str, run: Callable[[], Awaitable[object]]) -> None:
         sup = supervise(name, run)

@@ -120,7 +120,8 @@ class PickObserver(Protocol):
 
     def moved(self, request: SchedulingRequest, primary: Endpoint, served: Endpoint) -> None: ...
 
-    def finished(self, request: SchedulingRequest, endpoint: Endpoint) -> None: ...
+    def finished(self, request: SchedulingRequest, endpoint: Endpoint, ok: bool = True) -> None:
+        """The response ended; `ok` False: it failed (release what is held, learn nothing from it)."""
 
 
 @runtime_checkable

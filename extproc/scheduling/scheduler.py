@@ -204,14 +204,21 @@ class Scheduler:
             request=request if self.observers else None,
         )
 
-    def finished(self, decision: Decision, endpoint: Endpoint) -> None:
+    def finished(self, decision: Decision, endpoint: Endpoint, ok: bool = True) -> None:
         """The response from `endpoint` ended (or the stream did): its blocks are no longer pinned
-        there, and are the most recently used (extproc/prefix/generations.py); tell the observers."""
-        if self.index is not None and decision.block_hashes:
-            self.index.release(endpoint.key, decision.block_hashes)
+        there, and are the most recently used (extproc/prefix/generations.py); tell the observers.
+        A failed response (`ok` False: a 5xx, a reset) taught nothing: the blocks it recorded
+        beyond the prefix the endpoint already held are forgotten there, and the observers
+        release what they held without learning from it."""
+        index = self.index
+        if index is not None and decision.block_hashes:
+            index.release(endpoint.key, decision.block_hashes)
+            if not ok:
+                held = decision.matched_blocks if endpoint is decision.primary else 0
+                index.forget(endpoint.key, decision.block_hashes[held:])
         if decision.request is not None:
             for observer in self.observers:
-                observer.finished(decision.request, endpoint)
+                observer.finished(decision.request, endpoint, ok)
 
     def reassign(self, decision: Decision, served: Endpoint) -> None:
         """Another endpoint of the decision's list served the request (a fallback after the

@@ -11,7 +11,8 @@ Names follow the Go EPP where a metric has an equivalent there; our own use the 
 the engines' own metrics keep their value, any other client-chosen name is counted as `other`.
 `target_model_name` equals `model_name`: the picker never rewrites the model (it is kept for the Go
 EPP's dashboards).
-| prefix_epp_requests_total | counter | outcome (routed, error), status (HTTP status) |
+| prefix_epp_requests_total | counter | outcome (routed, error), status (the HTTP status the client got: |
+| | | upstream's or Envoy's for routed requests, counted at the response's end; none: no response) |
 | prefix_epp_request_shapes_total | counter | api (completions, chat, messages, responses, embeddings, other: |
 | | | an unknown path, routed by load alone; bodiless) -- routed requests by request shape |
 | prefix_epp_affinity_requests_total | counter | source (previous_response_id, prompt_cache_key, session_header), |
@@ -212,10 +213,15 @@ class EppMetrics:
         """One routed request; `api` is its shape (one of SHAPES; anything else is not counted)."""
         model, target_model = self.models.label(model), self.models.label(target_model)
         self._child(self._objective_requests, (model, target_model)).inc()
-        self._child(self._requests, ("routed", "200")).inc()
         shape = self._shapes.get(api)
         if shape is not None:
             shape.inc()
+
+    def responded(self, status: int) -> None:
+        """A routed request ended with the HTTP `status` its client got (0: it ended before any
+        response, e.g. the client went away): prefix_epp_requests_total{outcome="routed"}."""
+        label = str(status) if 100 <= status <= 599 else "none"
+        self._child(self._requests, ("routed", label)).inc()
 
     def affinity(self, source: str, hit: bool) -> None:
         """One routed request with an affinity hint from `source` (one of affinity.SOURCES)."""

@@ -1,6 +1,6 @@
 """What Envoy's filter metadata tells the picker about a request (the Inference Extension's protocol,
 ../shared/reference/epp-protocol.md): the subset of endpoints it may choose from, and the endpoint
-that served the response when fallbacks were offered."""
+that served the response when fallbacks were offered, and the response's status."""
 
 from __future__ import annotations
 
@@ -21,6 +21,16 @@ def served_endpoint(msg: pb.ProcessingRequest | None, headers: pb.HttpHeaders) -
         if h.key == R.SERVED_HEADER:
             return h.raw_value.decode(errors="replace") if h.raw_value else str(h.value)
     return ""
+
+
+def response_status(headers: pb.HttpHeaders) -> int:
+    """The response's `:status` (Envoy's own replies included: 503 for a failed connection or a
+    reset upstream); 0 when absent or not a status code."""
+    for h in headers.headers.headers:
+        if h.key == ":status":
+            value = h.raw_value if h.raw_value else h.value.encode()
+            return int(value) if len(value) == 3 and value.isdigit() else 0
+    return 0
 
 
 def subset_hint(msg: pb.ProcessingRequest) -> list[str] | None:

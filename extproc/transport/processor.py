@@ -77,7 +77,7 @@ from extproc.transport import responses as R
 from extproc.transport.body_budget import BodyBudget
 from extproc.transport.body_intake import BodyIntake
 from extproc.transport.control_headers import read_control_headers
-from extproc.transport.lb_metadata import served_endpoint, subset_hint
+from extproc.transport.lb_metadata import response_status, served_endpoint, subset_hint
 
 if TYPE_CHECKING:
     from extproc.control.response_ids import ResponseWatch
@@ -96,7 +96,7 @@ _refused_modes_logged: set[int] = set()
 
 class StreamProcessor:
     __slots__ = ("_director", "_endpoint", "_headers_seen", "_intake", "_metrics", "_model",
-                 "_new_request_id", "_request_mode", "_response_mode", "_session_header",
+                 "_new_request_id", "_request_mode", "_response_mode", "_session_header", "_status",
                  "_test_selection", "_usage", "ctx", "decision")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
@@ -114,6 +114,7 @@ class StreamProcessor:
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _NONE
         self._usage: ResponseWatch | None = None
+        self._status = 0  # the response's HTTP status, once its headers came (0: none yet)
         self._session_header = header_to_read(cfg.affinity)  # "": no header name is empty
         self._test_selection = cfg.test_endpoint_selection
 
@@ -226,10 +227,10 @@ class StreamProcessor:
         if self._response_mode != _FULL_DUPLEX and not resp.HasField("immediate_response"):
             # Envoy honours mode_override only in a headers reply and without full-duplex bodies.
             ctx.sampled = self._director.usage_sampler.take()
-            # Response headers only when read: to explain, or to learn which of several endpoints served.
-            headers = self.ctx.explain or self._director.config.max_endpoints > 1
+            # Response headers always: their status is the request's outcome (ejection, metrics),
+            # and they say which of several endpoints served it.
             body = ctx.sampled or self._director.learns_response_id(ctx)  # usage sample, response id
-            R.override_response_mode(resp, self._request_mode, headers=headers, body=body)
+            R.override_response_mode(resp, self._request_mode, headers=True, body=body)
         return [resp]
 
     def _refuse_mode(self) -> pb.ProcessingResponse:
@@ -351,6 +352,7 @@ class StreamProcessor:
     def on_response_headers(self, headers: pb.HttpHeaders,
                             msg: pb.ProcessingRequest | None = None) -> list[pb.ProcessingResponse]:
         decision, ep = self.decision, self._endpoint
+        self._status = response_status(headers)
         if decision is not None and ep is not None and len(decision.endpoints) > 1:
             served = served_endpoint(msg, headers)
             if served:  # a fallback may have served it: move the accounting there
@@ -393,7 +395,12 @@ class StreamProcessor:
         return [R.empty_trailers(request=False)]
 
     def _complete(self) -> None:
+        """The request ended: release it, with its outcome (the status the client got; a 5xx is a
+        failure of the endpoint that served it; no response at all, e.g. the client went away,
+        is neither)."""
         ep = self._endpoint
         if ep is not None:
             self._endpoint = None
-            self._director.complete(ep, self.decision)
+            status = self._status
+            self._director.complete(ep, self.decision, None if status == 0 else status < 500)
+            self._metrics.responded(status)

@@ -1,14 +1,20 @@
-"""Graceful drain: on SIGTERM, stop being chosen, finish every open stream, then exit.
+"""Graceful drain: on SIGTERM, stop being chosen, stop taking streams, finish the open ones, exit.
 
 Sequence (driven by extproc/commands/serve.py, steps in `App.drain`):
 1. readiness and the ext_proc gRPC health service turn NOT_SERVING at once, so Envoy's active
-   health checks and the kubelet stop sending new streams;
-2. the ext_proc server keeps accepting streams meanwhile (those already on their way are served)
-   and every open stream, including long streamed generations, runs to its end: Envoy keeps the
-   ext_proc stream open until the upstream response ends, so an open stream is a live request;
-3. the drain ends once no stream has been open for `idle_s` (1 s: a gap between two requests does
-   not end it), or at `timeout_s` (`--drain-timeout`, 30 s, the chart's
-   terminationGracePeriodSeconds), whichever comes first. A second SIGTERM/SIGINT ends it at once.
+   health checks and the kubelet stop sending new streams (a Service drops the pod);
+2. for `readiness_delay_s` (--drain-readiness-delay, 5 s) the ext_proc port keeps accepting
+   streams, the time it takes that readiness to propagate: a request already on its way is
+   routed. The delay ends early once no stream has been open for `idle_s` (1 s: nothing is
+   coming); under steady traffic it runs in full;
+3. then the ext_proc port closes: a new stream is refused (the proxy fails open where configured,
+   `failure_mode_allow`), and every open stream, including long streamed generations, runs to its
+   end: Envoy keeps the ext_proc stream open until the upstream response ends, so an open stream
+   is a live request;
+4. the drain ends when the last open stream ends, or at `timeout_s` after SIGTERM (--drain-timeout,
+   30 s, the chart's terminationGracePeriodSeconds), which cuts the streams still open: the
+   process logs a warning with their count and exits with status 1. A second SIGTERM/SIGINT ends
+   the drain at once (what it cuts is counted the same way).
 
 `StreamTracker` counts open streams; the gRPC servicer opens and closes them, nothing else.
 """
@@ -34,10 +40,12 @@ class StreamTracker:
         self.last_closed = time.monotonic()
 
     async def drained(self, idle_s: float, timeout_s: float, interrupt: asyncio.Event | None = None) -> bool:
-        """Wait until no stream has been open for `idle_s`; False when `timeout_s` or `interrupt` came first."""
+        """Wait until no stream has been open for `idle_s` (0: until none is open); False when
+        `timeout_s` or `interrupt` came first."""
         start = time.monotonic()
         deadline = start + timeout_s
-        self.last_closed = max(self.last_closed, start)
+        if idle_s > 0:
+            self.last_closed = max(self.last_closed, start)
         while True:
             now = time.monotonic()
             if self.open == 0 and now - self.last_closed >= idle_s:

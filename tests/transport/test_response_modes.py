@@ -39,7 +39,7 @@ def predictions(app: object) -> float:
     return float(value or 0.0)
 
 
-async def test_override_asks_for_the_sampled_bodies_only_and_always_for_trailers() -> None:
+async def test_override_asks_for_the_sampled_bodies_only_and_always_for_headers_and_trailers() -> None:
     app = make_app(usage_sample_rate=0.5)
     overrides = []
     for explain in (False, False, True, True):
@@ -49,7 +49,7 @@ async def test_override_asks_for_the_sampled_bodies_only_and_always_for_trailers
         assert reply.HasField("request_headers") and reply.HasField("mode_override")
         o = reply.mode_override
         assert o.response_trailer_mode == SEND and o.request_body_mode == BUFFERED
-        assert o.response_header_mode == (SEND if explain else mode.ProcessingMode.SKIP)
+        assert o.response_header_mode == SEND  # always: the response's status is its outcome
         overrides.append(o.response_body_mode)
         assert not any(r.HasField("mode_override") for r in out[1:])
     assert overrides == [NONE, STREAMED, NONE, STREAMED]  # 0.5: every second request, evenly

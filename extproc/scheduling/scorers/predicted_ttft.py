@@ -358,14 +358,17 @@ class PredictedTtftScorer:
         else:
             del self._home_counts[key]
 
-    def finished(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+    def finished(self, request: SchedulingRequest, endpoint: Endpoint, ok: bool = True) -> None:
         mark = request.backlog_mark
         now = self._clock()
         if mark is not None and mark[0] == endpoint.key:
             self.model.finished(endpoint, mark[1], now)
         routing = request.routing
         if routing is not None and routing.endpoint == endpoint.key:
-            self.model.response_ended(endpoint, routing, now)
+            if ok:
+                self.model.response_ended(endpoint, routing, now)
+            else:  # a fast error is no evidence of a fast engine: leave its slot, learn nothing
+                self.model.leave(endpoint, routing.token)
         if request.reuse is not None and request.reuse[0] == endpoint.key:
             self._release_reuse(request)
 
