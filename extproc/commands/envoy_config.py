@@ -35,7 +35,8 @@ Traffic defaults (extproc/config/settings.py `ProxyTrafficConfig`, shared with t
 breakers sized for thousands of concurrent generations; a one-hour route timeout; and, when
 `--max-endpoints` > 1, a retry policy that walks the picker's fallback list (one retry per
 fallback) on failures before the model server answered: connect failure, refused stream, reset
-before the request was sent, or a 502/503/504 status. Once response headers have arrived nothing
+before the request was sent, or a 500/502/503/504 status (an engine error, or Envoy's own for a
+failed connection). Once a response has started nothing
 is retried, so a generation never runs twice after its response started.
 
 Served endpoint (Endpoint Picker Protocol): the route adds the response header
@@ -80,7 +81,7 @@ held them (a restarted picker starts from zero anyway). Fail closed (`--failure-
 cuts every open request and answers 500 while the picker is unreachable.
 
 Fallbacks (on by default with `--endpoints`): `--max-endpoints` defaults to 2 there, so a first
-choice that refuses the connection or answers 502/503/504 before its response started costs a
+choice that refuses the connection or answers 500/502/503/504 before its response started costs a
 retry on the picker's second choice, not a failed request (run `prefix-epp serve --max-endpoints 2`
 to hand Envoy that second choice; with one, the retry goes round robin).
 

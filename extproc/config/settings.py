@@ -201,7 +201,7 @@ class ProxyTrafficConfig:
     # with headers: a generation is never retried after its response started.
     retry_on: tuple[str, ...] = ("connect-failure", "refused-stream", "reset-before-request",
                                  "retriable-status-codes")
-    retriable_status_codes: tuple[int, ...] = (502, 503, 504)
+    retriable_status_codes: tuple[int, ...] = (500, 502, 503, 504)
     retry_backoff_base_ms: int = 25
     # Whole-request timeout: long generations (minutes of streamed tokens) must not be cut.
     route_timeout_s: int = 3600
