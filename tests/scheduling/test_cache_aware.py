@@ -79,7 +79,7 @@ def test_a_match_counts_only_above_the_cache_threshold(held: int, hit: bool) -> 
 def test_a_miss_goes_to_the_least_loaded_not_the_smallest_tree() -> None:
     index = PrefixIndex(10_000)
     ds, (_, b, _) = pool(3, 1, 2)
-    held_by(index, b, 10, b"b" * 6400)  # b holds the most (sglang < 0.3 sent misses to the smallest tree)
+    held_by(index, b, 10, b"b" * 6400)  # b holds the most (sglang once sent misses to the smallest tree)
     assert scheduler(index).schedule(req(), ds.snapshot()).primary is b
 
 

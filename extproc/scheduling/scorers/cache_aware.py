@@ -1,7 +1,7 @@
 """cache-aware-scorer: sglang-router's cache_aware policy, the reference our scheduling is compared with.
 
 `--scheduler cache-aware` runs it alone (weight 1) before max-score-picker, on the candidates the
-director and the profile's filters leave (subset hint, endpoint health). Load is the requests this
+director and the profile's filters leave, as every profile's scorers. Load is the requests this
 picker has in flight on an endpoint (`Endpoint.inflight`: counted when a request is routed there,
 released at its response's end); no scraped metric is read. Per request:
 
