@@ -62,6 +62,7 @@ NON_NEGATIVE = Range(0)
 AT_LEAST_1 = Range(1)
 _TTFT = "predicted-ttft-scorer."
 _PRECISE = "precise-prefix-cache-scorer."
+_CACHE_AWARE = "cache-aware-scorer."
 
 FLAGS: tuple[Flag, ...] = (
     Flag("--grpc-port", "grpc_port", INT, SERVING, "ext_proc gRPC port", PORT),
@@ -141,8 +142,9 @@ FLAGS: tuple[Flag, ...] = (
          "prefix index capacity per endpoint, in blocks", AT_LEAST_1,
          parameters=("prefix-cache-scorer.lruCapacityPerServer",)),
     Flag("--scheduler", "scheduler", choice(*SCHEDULERS), SCHEDULING,
-         "built-in profile: least predicted time to first token, or the weighted sum of prefix, queue, KV-cache "
-         "and in-flight scorers behind the hot-spot spill filter", profile_only=True),
+         "built-in profile: least predicted time to first token, the weighted sum of prefix, queue, KV-cache "
+         "and in-flight scorers behind the hot-spot spill filter, or cache-aware (sglang-router's cache_aware "
+         "policy, a reference)", profile_only=True),
     Flag("--prefill-ms-per-token", "latency.prefill_ms_per_token", FLOAT, SCHEDULING,
          "predicted-ttft prior: prefill milliseconds per prompt token (learned per endpoint from its TTFT "
          "histogram)", POSITIVE, parameters=(_TTFT + "prefillMsPerToken",)),
@@ -183,6 +185,17 @@ FLAGS: tuple[Flag, ...] = (
          NON_NEGATIVE, profile_only=True),
     Flag("--inflight-weight", "weights.inflight", FLOAT, SCHEDULING,
          "weight of the in-flight scorer (weighted profile)", NON_NEGATIVE, profile_only=True),
+    Flag("--cache-threshold", "cache_aware.cache_threshold", FLOAT, SCHEDULING,
+         "cache-aware: the endpoint with the longest prefix match takes the request when the match is more than "
+         "this share of the prompt's blocks, else the least loaded", Range(0, 1),
+         parameters=(_CACHE_AWARE + "cacheThreshold",)),
+    Flag("--balance-abs-threshold", "cache_aware.balance_abs", INT, SCHEDULING,
+         "cache-aware: loads count as imbalanced, and the least loaded endpoint takes the request whatever it "
+         "holds, when max - min in-flight > this and max > --balance-rel-threshold x min", NON_NEGATIVE,
+         parameters=(_CACHE_AWARE + "balanceAbsThreshold",)),
+    Flag("--balance-rel-threshold", "cache_aware.balance_rel", FLOAT, SCHEDULING,
+         "cache-aware: the relative bound of --balance-abs-threshold", AT_LEAST_1,
+         parameters=(_CACHE_AWARE + "balanceRelThreshold",)),
     Flag("--seed", "seed", INT, SCHEDULING, "seed for random tie-breaks (tests)"),
     Flag("--model-names", "model_names", LIST, SCHEDULING,
          "comma-separated model names that keep their own metric label (the engines' own model names always do; "

@@ -73,7 +73,17 @@ class WeightsConfig:
     unlisted: float = 1.0  # a scorer named in an EndpointPickerConfig profile without a weight
 
 
-SCHEDULERS = ("predicted-ttft", "weighted")  # built-in profiles (extproc/scheduling/build.py)
+@dataclass(frozen=True)
+class CacheAwareConfig:
+    """The cache-aware reference scheduler (extproc/scheduling/scorers/cache_aware.py), with
+    sglang-router's command-line defaults for its cache_aware policy."""
+
+    cache_threshold: float = 0.3  # a longest match above this share of the prompt's blocks routes there
+    balance_abs: int = 64  # imbalanced: max - min in-flight > balance_abs ...
+    balance_rel: float = 1.5  # ... and max > balance_rel x min: the least loaded takes the request
+
+
+SCHEDULERS = ("predicted-ttft", "weighted", "cache-aware")  # built-in profiles (extproc/scheduling/build.py)
 NEW_PREFIX_PLACEMENTS = ("homes", "churn")  # LatencyConfig.new_prefix_placement
 
 
@@ -329,8 +339,10 @@ class EppConfig:
     balance: BalanceConfig = field(default_factory=BalanceConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     # Built-in profile when no EndpointPickerConfig gives one (extproc/scheduling/build.py):
-    # predicted-ttft (least predicted time to first token) or weighted (the Go EPP's weighted sum).
+    # predicted-ttft (least predicted time to first token), weighted (the Go EPP's weighted sum) or
+    # cache-aware (sglang-router's cache_aware policy, the reference it is compared with).
     scheduler: str = "predicted-ttft"
+    cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
     latency: LatencyConfig = field(default_factory=LatencyConfig)
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
     metrics_source: MetricsSourceConfig = field(default_factory=MetricsSourceConfig)

@@ -44,6 +44,15 @@ whenever it was the busiest (87 % of the oracle hit rate, TTFT p50 129 ms); weig
 (max/mean 1.13 instead of 1.25). Weights live in EppConfig.weights; the saturation detector
 (utilization-detector) is the director's admission hook (extproc/runtime/app.py), not a profile plugin.
 
+cache-aware (sglang-router's cache_aware policy, the reference the others are compared with):
+
+    scorers:  cache-aware-scorer             weight 1  (extproc/scheduling/scorers/cache_aware.py)
+    picker:   max-score-picker               --max-endpoints results (default 1)
+
+i.e. the least loaded endpoint (by the picker's own in-flight counts) while loads are imbalanced,
+else the longest prefix match if it covers more than --cache-threshold of the prompt, else the
+least loaded.
+
 Registries map each plugin type to a factory: FILTERS, SCORERS, PICKERS. The config loader
 (extproc/scheduling/config_loader.py) validates profiles against them.
 """
@@ -62,6 +71,7 @@ from extproc.scheduling.interfaces import Filter, Picker, PreciseSource, Scorer
 from extproc.scheduling.picker import MaxScorePicker
 from extproc.scheduling.saturation import UtilizationDetector
 from extproc.scheduling.scheduler import Scheduler, WeightedScorer
+from extproc.scheduling.scorers.cache_aware import CacheAwareScorer
 from extproc.scheduling.scorers.inflight import InflightLoadScorer
 from extproc.scheduling.scorers.kv_cache import KvCacheScorer
 from extproc.scheduling.scorers.lora import LoraAffinityScorer
@@ -96,6 +106,7 @@ SCORERS: dict[str, Callable[[EppConfig, Clock], Scorer]] = {
     "lora-affinity-scorer": lambda c, clock: LoraAffinityScorer(c.metrics_staleness_threshold_s, clock),
     "inflight-load-scorer": lambda _c, _clock: InflightLoadScorer(),
     "predicted-ttft-scorer": lambda c, clock: PredictedTtftScorer(c, clock),
+    "cache-aware-scorer": lambda c, _clock: CacheAwareScorer(c.cache_aware),
 }
 PICKERS: dict[str, Callable[[EppConfig, Clock], Picker]] = {
     "max-score-picker": lambda c, _clock: MaxScorePicker(random.Random(c.seed)),
@@ -106,6 +117,8 @@ def default_profile(config: EppConfig) -> Profile:
     """The built-in profile `--scheduler` names (EppConfig.scheduler)."""
     if config.scheduler == "predicted-ttft":
         return Profile(name="default", filters=(), scorers=(("predicted-ttft-scorer", 1.0),))
+    if config.scheduler == "cache-aware":
+        return Profile(name="default", filters=(), scorers=(("cache-aware-scorer", 1.0),))
     if config.scheduler != "weighted":
         raise ValueError(f"unknown scheduler {config.scheduler!r}; choose from {', '.join(SCHEDULERS)}")
     w = config.weights

@@ -21,6 +21,7 @@ Plugin types and parameters (every default comes from EppConfig, i.e. from the C
 | queue-scorer, kv-cache-utilization-scorer, lora-affinity-scorer, inflight-load-scorer | scorer | - |
 | predicted-ttft-scorer | scorer | prefillMsPerToken, decodeStepMs, evictionWeight, newPrefixPlacement, |
 | | | affinityCredit, calibrate -> latency |
+| cache-aware-scorer | scorer | cacheThreshold, balanceAbsThreshold, balanceRelThreshold -> cache_aware |
 | hot-spot-spill-filter | filter | relative, absolute -> spill |
 | max-score-picker | picker | maxNumOfEndpoints -> max_endpoints |
 | utilization-detector | detector (a filter in a profile) | queueDepthThreshold, kvCacheUtilThreshold, |
@@ -153,6 +154,11 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
         "calibrate": Param(_bool, _set("latency", "calibrate")),
         "balanceFactor": Param(_num(0), _set("balance", "factor")),
         "balanceSlack": Param(_num(0), _set("balance", "slack")),
+    },
+    "cache-aware-scorer": {
+        "cacheThreshold": Param(_num(0, 1), _set("cache_aware", "cache_threshold")),
+        "balanceAbsThreshold": Param(_int(0), _set("cache_aware", "balance_abs")),
+        "balanceRelThreshold": Param(_num(1), _set("cache_aware", "balance_rel")),
     },
     "hot-spot-spill-filter": {
         "relative": Param(_num(1), _set("spill", "relative")),

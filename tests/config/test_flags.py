@@ -144,7 +144,8 @@ def test_the_config_file_roles_are_as_before() -> None:
         "--prefill-ms-per-token": "latency.prefill_ms_per_token", "--eviction-weight": "latency.eviction_weight",
         "--decode-step-ms": "latency.decode_step_ms",
         "--affinity-credit": "latency.affinity_credit", "--new-prefix-placement": "latency.new_prefix_placement",
-        "--ttft-calibration": "latency.calibrate"}
+        "--ttft-calibration": "latency.calibrate", "--cache-threshold": "cache_aware.cache_threshold",
+        "--balance-abs-threshold": "cache_aware.balance_abs", "--balance-rel-threshold": "cache_aware.balance_rel"}
     assert set(PROFILE_FLAGS) == {("--prefix-weight", "weights.prefix"), ("--inflight-weight", "weights.inflight"),
                                   ("--prefix-scorer", "kv_events.prefix_scorer"), ("--scheduler", "scheduler")}
 
