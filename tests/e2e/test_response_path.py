@@ -1,7 +1,7 @@
 """The picker off the token stream, through real Envoy configured by `prefix-epp envoy-config`.
 
-Default wiring: only the response's end reaches the picker (trailers, or the stream's end), not
-its headers or body chunks; the in-flight count still lasts until the response's true end. The
+Default wiring: only the response's headers (its status) and its end reach the picker (trailers,
+or the stream's end), not its body chunks; the in-flight count lasts until the response's true end. The
 picker asks for the response body of the requests its usage sampler picks (mode_override), and
 only those feed the closed loop.
 """
@@ -72,7 +72,7 @@ async def test_streamed_answer_passes_by_the_picker_which_still_sees_its_end(tmp
         assert during is not None and inflight(during) == 1
         after = await until(picker, lambda m: inflight(m) == 0)
         assert messages(after, "response_body") == 0  # not one of the ~200 chunks went through the picker
-        assert messages(after, "response_headers") == 0  # not asked for either (no --explain-decisions)
+        assert messages(after, "response_headers") == 1  # its status: the request's outcome
         assert messages(after, "request_headers") == 1
         # The stream ended (Envoy's half-close and reset: test_a_proxy_that_resets_... below).
         await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed")

@@ -51,11 +51,16 @@ async def send(url: str, n: int, prompt: str = "You are a helpful assistant. ") 
     return out
 
 
-async def test_a_replica_with_nothing_listening_takes_no_request_once_its_scrape_failed(tmp_path: Path) -> None:
+SCHEDULERS = ("predicted-ttft", "weighted", "cache-aware")
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+async def test_a_replica_with_nothing_listening_takes_no_request_once_its_scrape_failed(
+        tmp_path: Path, scheduler: str) -> None:
     dead = f"127.0.0.1:{free_port()}"
     async with run_replicas(SIM, 1, base_port=0) as reps:
         live = f"127.0.0.1:{reps[0].port}"
-        async with path(tmp_path, [live, dead]) as (picker, url):
+        async with path(tmp_path, [live, dead], "--scheduler", scheduler) as (picker, url):
             await until(picker, lambda m: value(m, "prefix_epp_endpoint_in_rotation", endpoint=dead) == 0
                         and value(m, "prefix_epp_endpoint_in_rotation", endpoint=live) == 1)
             results = await send(url, 16)
@@ -77,11 +82,13 @@ async def test_every_replica_failing_routes_by_load_and_says_so(tmp_path: Path) 
     assert "every candidate endpoint is failing" in picker.log.read_text()
 
 
-async def test_a_replica_answering_500_is_ejected_after_a_handful(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+async def test_a_replica_answering_500_is_ejected_after_a_handful(tmp_path: Path, scheduler: str) -> None:
     async with run_replicas(SIM, 1, base_port=0) as good, \
             run_replicas(SimConfig(time_scale=20.0, kv_events=False, failure_rate=1.0), 1, base_port=0) as bad:
         ok, failing = f"127.0.0.1:{good[0].port}", f"127.0.0.1:{bad[0].port}"
-        async with path(tmp_path, [failing, ok], "--outlier-ejection-time", "60s") as (picker, url):
+        async with path(tmp_path, [failing, ok], "--outlier-ejection-time", "60s",
+                        "--scheduler", scheduler) as (picker, url):
             await until(picker, lambda m: value(m, "prefix_epp_endpoint_in_rotation", endpoint=ok) == 1
                         and value(m, "prefix_epp_endpoint_in_rotation", endpoint=failing) == 1)
             results = await send(url, 40)
