@@ -11,7 +11,9 @@ testkit/tiny_model.py with 512-block caches, one core each; every test starts fr
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -377,3 +379,35 @@ async def test_scraper_reads_real_metrics_and_calibration_learns_the_engines_cos
     learned = LatencyConfig().prefill_ms_per_token * value(samples, "prefix_epp_endpoint_ttft_slowdown",
                                                            endpoint=engine.key)
     assert measured / 2 <= learned <= measured * 2, (learned, measured)
+
+
+async def test_an_engine_killed_and_restarted_leaves_and_rejoins_the_rotation(
+        cold: list[Engine], tmp_path: Path) -> None:
+    """The quick start's wiring (fallbacks: --max-endpoints 2 and Envoy's --endpoints; fail open):
+    no request fails while an engine is killed, none goes to it while it is down, and it takes
+    requests again once it is back."""
+    x, y = cold
+    picker = picker_for(tmp_path, [x.key, y.key], "--max-endpoints", "2", name="faults-picker")
+    picker.start()
+    try:
+        with run_envoy(tmp_path, picker.grpc_port, endpoints=(x.key, y.key), max_endpoints=2,
+                       failure_mode_allow=True, name="faults-envoy") as (_, listen, _):
+            url = f"http://127.0.0.1:{listen}"
+            assert x.proc is not None
+            os.killpg(x.proc.pid, signal.SIGKILL)  # the server and its engine core: refused from now on
+            at_once = await send(url, [completion(text(500 + i, 200)) for i in range(4)])  # 200 each
+            assert {headers[SERVED] for headers, _ in at_once} == {y.key}
+            await until(picker, lambda s: value(s, "prefix_epp_endpoint_in_rotation", endpoint=x.key) == 0,
+                        timeout=30)
+            while_down = await send(url, [completion(text(600 + i, 200)) for i in range(6)])
+            assert {headers[SERVED] for headers, _ in while_down} == {y.key}
+            x.restart()
+            await until(picker, lambda s: value(s, "prefix_epp_endpoint_in_rotation", endpoint=x.key) == 1,
+                        timeout=30)
+            after = await send(url, [completion(text(700 + i, 200)) for i in range(12)])
+            assert x.key in {headers[SERVED] for headers, _ in after}
+            samples = scrape(picker)
+            assert value(samples, "prefix_epp_requests_total", outcome="routed", status="200") == 22
+            assert value(samples, "prefix_epp_fail_open_decisions_total") == 0
+    finally:
+        picker.stop()
