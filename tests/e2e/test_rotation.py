@@ -76,7 +76,8 @@ async def test_every_replica_failing_routes_by_load_and_says_so(tmp_path: Path) 
         await until(picker, lambda m: all(value(m, "prefix_epp_endpoint_in_rotation", endpoint=d) == 0 for d in dead))
         results = await send(url, 4)
         assert [status for status, _ in results] == [503] * 4  # Envoy could not connect: the client got 503
-        after = await until(picker, lambda m: value(m, "prefix_epp_requests_total", outcome="routed", status="503") == 4)
+        after = await until(picker, lambda m: value(m, "prefix_epp_requests_total",
+                                                    outcome="routed", status="503") == 4)
         assert value(after, "prefix_epp_fail_open_decisions_total") == 4
         assert value(after, "prefix_epp_requests_total", outcome="routed", status="200") == 0
     assert "every candidate endpoint is failing" in picker.log.read_text()
