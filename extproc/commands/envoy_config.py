@@ -412,7 +412,8 @@ def add_parser(subparsers: Any) -> None:
                    help="static model-server endpoints ip:port,...: route with override_host (fallback lists)")
     p.add_argument("--max-endpoints", type=int, default=None,
                    help="endpoints the picker returns (its --max-endpoints); >1 adds a retry policy that walks "
-                        f"them (default: {FALLBACK_ENDPOINTS} with --endpoints, else 1: ORIGINAL_DST takes one address)")
+                        f"them (default: {FALLBACK_ENDPOINTS} with --endpoints, else 1: ORIGINAL_DST takes one "
+                        "address)")
     p.add_argument("--upstream-ca-file", default="",
                    help="PEM CA that signed the picker's certificate: Envoy verifies it (chain, SNI and SAN); "
                         "empty: TLS without verification")
