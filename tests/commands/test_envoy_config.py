@@ -66,9 +66,10 @@ def test_retry_walks_the_fallback_list_before_the_response_starts(max_endpoints:
     assert policy["num_retries"] == max_endpoints - 1
     triggers = set(policy["retry_on"].split(","))
     assert triggers == {"connect-failure", "refused-stream", "reset-before-request", "retriable-status-codes"}
-    # Never `reset`, `5xx` or a per-try timeout: those would re-run a generation that already started.
+    # Never `reset` or a per-try timeout: those would re-run a generation that already started. A
+    # 500 before any byte reached the client (an engine error) is retried on the next choice.
     assert not triggers & {"reset", "5xx", "gateway-error"} and "per_try_timeout" not in policy
-    assert policy["retriable_status_codes"] == [502, 503, 504]
+    assert policy["retriable_status_codes"] == [500, 502, 503, 504]
 
 
 def test_served_endpoint_is_reported_to_the_picker() -> None:
@@ -234,3 +235,16 @@ def test_cli_prints_the_verifying_config(capsys: pytest.CaptureFixture[str]) -> 
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert epp_tls_context(cfg)["common_tls_context"]["validation_context"]["trusted_ca"] == {"filename": "/ca.crt"}
     assert epp_tls_context(cfg)["sni"] == "prefix-epp.ns.svc"
+
+
+def test_the_cli_fails_open_and_adds_a_fallback_where_the_cluster_takes_a_list(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for extra, retries in (([], None), (["--endpoints", ",".join(ENDPOINTS)], 1),
+                           (["--endpoints", ",".join(ENDPOINTS), "--max-endpoints", "1"], None)):
+        assert main(["envoy-config", "--epp-tls=false", *extra]) == 0
+        cfg = yaml.safe_load(capsys.readouterr().out)
+        hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ext = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")
+        assert ext["typed_config"]["failure_mode_allow"] is True
+        policy = route(cfg)["route"].get("retry_policy")
+        assert (policy and policy["num_retries"]) == retries or (policy is None and retries is None)

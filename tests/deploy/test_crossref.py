@@ -216,7 +216,7 @@ def test_envoy_gateway_calls_the_picker_off_the_token_stream(render: Render, nam
     # Buffered request bodies, nothing of the response; the picker's mode_override (honoured only
     # without FullDuplexStreamed bodies) asks for trailers and the sampled response bodies.
     assert ext["processingMode"] == {"request": {"body": "Buffered"}, "allowModeOverride": True}
-    assert ext["failOpen"] is False
+    assert ext["failOpen"] is True  # inferencePool.failureMode FailOpen: a picker crash cuts no routed request
     client = find(objs, "ClientTrafficPolicy")
     gateway = find(objs, "Gateway")
     assert client["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
