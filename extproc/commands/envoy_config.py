@@ -83,7 +83,7 @@ from typing import Any
 import yaml
 
 from extproc.config.settings import EppConfig, ProxyTrafficConfig
-from extproc.config.values import parse_bool
+from extproc.config.values import endpoint_list, parse_bool
 from extproc.core.datastore import split_host_port
 from extproc.transport.health import EXT_PROC_SERVICE
 from extproc.transport.responses import DESTINATION_HEADER, LB_NAMESPACE, SERVED_HEADER
@@ -355,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
         request_body_mode=args.request_body_mode.upper().replace("-", "_"),
         response_processing=args.response_processing, max_request_body_bytes=args.max_request_body_bytes,
         failure_mode_allow=args.failure_mode_allow,
-        endpoints=tuple(e.strip() for e in args.endpoints.split(",") if e.strip()),
+        endpoints=tuple(e.partition("@")[0] for e in args.endpoints),
         max_endpoints=args.max_endpoints, upstream_ca_file=args.upstream_ca_file,
         upstream_server_name=args.upstream_server_name, upstream_client_cert=args.upstream_client_cert,
         upstream_client_key=args.upstream_client_key, strip_control_headers=args.strip_control_headers,
@@ -384,8 +384,9 @@ def add_parser(subparsers: Any) -> None:
                    help="with buffered request bodies, Envoy's per-connection buffer limit (match the picker's)")
     p.add_argument("--failure-mode-allow", type=parse_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="let requests through unrouted when the picker fails (ORIGINAL_DST then returns 503)")
-    p.add_argument("--endpoints", default="",
-                   help="static model-server endpoints ip:port,...: route with override_host (fallback lists)")
+    p.add_argument("--endpoints", type=endpoint_list, default="", metavar="IP:PORT,...",
+                   help="static model-server endpoints IP:port,... (as serve --endpoints): route with "
+                        "override_host (fallback lists)")
     p.add_argument("--max-endpoints", type=int, default=_PICKER.max_endpoints,
                    help="endpoints the picker returns (its --max-endpoints); >1 adds a retry policy that walks them")
     p.add_argument("--upstream-ca-file", default="",
