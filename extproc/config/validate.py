@@ -37,6 +37,8 @@ class StartupError(SystemExit):
     """`prefix-epp serve` refuses to start: the message names the flag and what to do instead."""
 
     def __init__(self, message: str) -> None:
+        # One line, whatever the cause wrote (a YAML error spans several, with a caret under the column).
+        message = " ".join(line.strip() for line in message.splitlines() if line.strip() not in ("", "^"))
         super().__init__(message)
         self.message = message
 

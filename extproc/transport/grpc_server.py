@@ -91,7 +91,7 @@ async def start_servers(
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain, streams, budget), ext)
     health_pb2_grpc.add_HealthServicer_to_server(health, ext)
     try:
-        _listen(ext, "--grpc-port", "--bind-address", bind, grpc_port,
+        add_port(ext, "--grpc-port", "--bind-address", bind, grpc_port,
                 server_credentials(cert_path, client_ca_file) if secure else None)
     except StartupError:
         await ext.stop(None)
@@ -102,7 +102,7 @@ async def start_servers(
     hs = grpc.aio.server(options=_OPTIONS)
     health_pb2_grpc.add_HealthServicer_to_server(health, hs)
     try:
-        _listen(hs, "--grpc-health-port", "--health-bind-address", health_bind, health_port, None)
+        add_port(hs, "--grpc-health-port", "--health-bind-address", health_bind, health_port, None)
     except StartupError:
         await asyncio.gather(ext.stop(None), hs.stop(None))
         raise
@@ -110,7 +110,7 @@ async def start_servers(
     return [ext, hs]
 
 
-def _listen(server: grpc.aio.Server, flag: str, address_flag: str, host: str, port: int,
+def add_port(server: grpc.aio.Server, flag: str, address_flag: str, host: str, port: int,
             credentials: grpc.ServerCredentials | None) -> None:
     """Add the port; gRPC's failure to bind (a RuntimeError, or 0 from older versions) becomes a
     StartupError naming the flag. `prefix-epp serve` checked the port already (extproc/commands/
