@@ -6,7 +6,8 @@ sets (the rows marked `first`), `--help-all` every flag.
 Start-up refuses a bad input with one line naming its flag and exit status 2 (`StartupError`,
 printed by extproc/commands/main.py): a malformed value (argparse), an invalid value or
 combination (`validate`), an unusable TLS file or a port that cannot be bound
-(extproc/commands/preflight.py)."""
+(extproc/commands/preflight.py). With --secure-serving, a gateway that dials it in plaintext is
+logged as such (extproc/transport/tls_mismatch.py)."""
 
 from __future__ import annotations
 
@@ -147,12 +148,15 @@ def run(args: argparse.Namespace) -> int:
     from extproc.commands import preflight
     from extproc.runtime.workers import supervise, worker_role
     from extproc.sync.manager import SECRET_ENV
+    from extproc.transport import tls_mismatch
 
     logs.setup(args.log_level)
     config = config_from_args(args)
     validate(config)
     if worker_role() is None:  # workers share the ext_proc port: their supervisor checks it before them
         preflight.check(config)
+        if config.secure_serving:  # a plaintext gateway on the TLS port, recognised in gRPC's stderr
+            tls_mismatch.start(args.log_level)
     if config.workers > 1 and worker_role() is None:
         have_secret = bool(config.sync.secret_file or os.environ.get(SECRET_ENV))
         return supervise(config.workers, sys.argv[1:], SECRET_ENV, have_secret)
