@@ -91,12 +91,13 @@ to hand Envoy that second choice; with one, the retry goes round robin).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
 from extproc.config.settings import EppConfig, ProxyTrafficConfig
-from extproc.config.values import parse_bool
+from extproc.config.values import endpoint_list, parse_bool
 from extproc.core.datastore import split_host_port
 from extproc.transport.health import EXT_PROC_SERVICE
 from extproc.transport.responses import DESTINATION_HEADER, LB_NAMESPACE, SERVED_HEADER
@@ -360,10 +361,10 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def default_max_endpoints(endpoints: str) -> int:
+def default_max_endpoints(endpoints: Sequence[str]) -> int:
     """Fallbacks on where the cluster takes a list (override_host, with --endpoints); ORIGINAL_DST
     takes a single address."""
-    return FALLBACK_ENDPOINTS if endpoints.strip() else 1
+    return FALLBACK_ENDPOINTS if endpoints else 1
 
 
 def render(config: dict[str, Any]) -> str:
@@ -376,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
         request_body_mode=args.request_body_mode.upper().replace("-", "_"),
         response_processing=args.response_processing, max_request_body_bytes=args.max_request_body_bytes,
         failure_mode_allow=args.failure_mode_allow,
-        endpoints=tuple(e.strip() for e in args.endpoints.split(",") if e.strip()),
+        endpoints=tuple(e.partition("@")[0] for e in args.endpoints),
         max_endpoints=default_max_endpoints(args.endpoints) if args.max_endpoints is None else args.max_endpoints,
         upstream_ca_file=args.upstream_ca_file,
         upstream_server_name=args.upstream_server_name, upstream_client_cert=args.upstream_client_cert,
@@ -408,8 +409,9 @@ def add_parser(subparsers: Any) -> None:
                    help="fail open: a request routed before the picker failed runs to its end, and one the picker "
                         "cannot route goes on unsteered (round robin with --endpoints, 503 without); false: Envoy "
                         "cuts every open request and answers 500 while the picker is unreachable")
-    p.add_argument("--endpoints", default="",
-                   help="static model-server endpoints ip:port,...: route with override_host (fallback lists)")
+    p.add_argument("--endpoints", type=endpoint_list, default="", metavar="IP:PORT,...",
+                   help="static model-server endpoints IP:port,... (as serve --endpoints): route with "
+                        "override_host (fallback lists)")
     p.add_argument("--max-endpoints", type=int, default=None,
                    help="endpoints the picker returns (its --max-endpoints); >1 adds a retry policy that walks "
                         f"them (default: {FALLBACK_ENDPOINTS} with --endpoints, else 1: ORIGINAL_DST takes one "

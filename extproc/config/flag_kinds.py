@@ -1,5 +1,5 @@
 """What a row of the flag table (extproc/config/flags.py) is: `Flag`, the kinds of value it parses
-(`Kind`: int, float, Go-style bool, Go duration, comma list, choice, text), the numeric `Range` it
+(`Kind`: int, float, Go-style bool, Go duration, comma list, endpoint list, choice, text), the numeric `Range` it
 is checked against, and `value_at` / `with_value` to read and set the EppConfig field a row names
 by its dotted path."""
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from extproc.config.settings import EppConfig
-from extproc.config.values import comma_list, duration, format_duration, header_name, parse_bool
+from extproc.config.values import comma_list, duration, endpoint_list, format_duration, header_name, parse_bool
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ DURATION = Kind("duration", duration, float, "DURATION", show=format_duration)  
 TEXT = Kind("text", str, str)
 HEADER = Kind("header name", header_name, str, "NAME")  # stripped and lower-cased
 LIST = Kind("comma list", comma_list, tuple[str, ...], show=_show_list)  # items stripped, empties dropped
+# IP:port items (values.endpoint_list): a host name, URL, empty item or bad port is refused by name.
+ENDPOINTS = Kind("endpoint list", endpoint_list, tuple[str, ...], "IP:PORT,...", show=_show_list)
 
 
 def choice(*options: str) -> Kind:
@@ -83,6 +85,7 @@ class Flag:
     parameters: tuple[str, ...] = ()  # "plugin-type.parameterName" of the same meaning: the config file wins
     profile_only: bool = False  # shapes the built-in profile: refused with a file that defines one
     default: Any = None  # rows without a path only: every other default is EppConfig's
+    first: bool = False  # set by a first deployment: shown by `serve --help` (every row: --help-all)
 
     def __post_init__(self) -> None:
         if not self.name.startswith("--") or self.name != self.name.lower():

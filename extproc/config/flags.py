@@ -10,7 +10,8 @@ A row never holds a default: it is read from `EppConfig()` through the path. The
 without a path is a flag the command reads itself (`--log-level`); it carries its own default.
 
 Everything else is derived from the table:
-- `add_arguments(parser)`: the argparse groups and arguments (`prefix-epp serve --help`);
+- `add_arguments(parser)`: the argparse groups and arguments (`prefix-epp serve --help-all`; `--help`
+  shows the rows marked `first`, the flags a first deployment sets);
 - `config_from_args(args)`: the EppConfig the parsed flags describe;
 - extproc/config/validate.py: the range rules, `PARAMETER_FLAGS` and `PROFILE_FLAGS`;
 - `render_markdown()`: the CLI reference, docs/cli.md (`python -m extproc.config.flags > docs/cli.md`,
@@ -30,6 +31,7 @@ from typing import Any
 from extproc.config.flag_kinds import (
     BOOL,
     DURATION,
+    ENDPOINTS,
     FLOAT,
     HEADER,
     INT,
@@ -44,7 +46,7 @@ from extproc.config.flag_kinds import (
 )
 from extproc.config.settings import NEW_PREFIX_PLACEMENTS, SCHEDULERS, EppConfig
 
-__all__ = ["BOOL", "DURATION", "FLAGS", "FLOAT", "HEADER", "INT", "LIST", "TEXT", "Flag", "Kind", "Range",
+__all__ = ["BOOL", "DURATION", "ENDPOINTS", "FLAGS", "FLOAT", "HEADER", "INT", "LIST", "TEXT", "Flag", "Kind", "Range",
            "add_arguments", "choice", "config_from_args", "render_markdown", "value_at", "with_value"]
 
 
@@ -65,10 +67,11 @@ _PRECISE = "precise-prefix-cache-scorer."
 _CACHE_AWARE = "cache-aware-scorer."
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("--grpc-port", "grpc_port", INT, SERVING, "ext_proc gRPC port", PORT),
+    Flag("--grpc-port", "grpc_port", INT, SERVING, "ext_proc gRPC port", PORT, first=True),
     Flag("--grpc-health-port", "grpc_health_port", INT, SERVING, "gRPC health port (services liveness, readiness "
-         "and envoy.service.ext_proc.v3.ExternalProcessor)", PORT),
-    Flag("--metrics-port", "metrics_port", INT, SERVING, "Prometheus /metrics port (0: off)", PORT_OR_OFF),
+         "and envoy.service.ext_proc.v3.ExternalProcessor)", PORT, first=True),
+    Flag("--metrics-port", "metrics_port", INT, SERVING, "Prometheus /metrics port (0: off)", PORT_OR_OFF,
+         first=True),
     Flag("--bind-address", "bind_address", TEXT, SERVING,
          "IP address the ext_proc port listens on, and every listener without an address of its own"),
     Flag("--metrics-bind-address", "metrics_bind_address", TEXT, SERVING,
@@ -76,16 +79,19 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--health-bind-address", "health_bind_address", TEXT, SERVING,
          "IP address of the gRPC health listener (empty: --bind-address)"),
     Flag("--secure-serving", "secure_serving", BOOL, SERVING,
-         "serve ext_proc over TLS (--secure-serving=false: plaintext)"),
+         "serve ext_proc over TLS (--secure-serving=false: plaintext; the gateway must match: envoy-config "
+         "--epp-tls, the chart's tls.enabled)", first=True),
     Flag("--cert-path", "cert_path", TEXT, SERVING,
-         "directory with tls.crt and tls.key; a self-signed ECDSA certificate when empty"),
+         "directory with tls.crt and tls.key; a self-signed ECDSA certificate when empty", first=True),
     Flag("--client-ca-file", "client_ca_file", TEXT, SERVING,
          "PEM CA bundle: ext_proc over TLS then requires a client certificate it signed (mutual TLS); "
          "empty: no client authentication"),
-    Flag("--endpoints", "endpoints", LIST, DISCOVERY,
-         "static endpoints ip:port[@tcp://events[@tcp://replay]],... (instead of a pool)"),
-    Flag("--pool-name", "pool_name", TEXT, DISCOVERY, "InferencePool to serve"),
-    Flag("--pool-namespace", "pool_namespace", TEXT, DISCOVERY, "its namespace (else env NAMESPACE, else default)"),
+    Flag("--endpoints", "endpoints", ENDPOINTS, DISCOVERY,
+         "static endpoints IP:port[@tcp://events[@tcp://replay]],... instead of a pool; IPv6 as [::1]:8000, "
+         "no host names (the gateway routes by address)", first=True),
+    Flag("--pool-name", "pool_name", TEXT, DISCOVERY, "InferencePool to serve", first=True),
+    Flag("--pool-namespace", "pool_namespace", TEXT, DISCOVERY, "its namespace (else env NAMESPACE, else default)",
+         first=True),
     Flag("--pool-group", "pool_group", TEXT, DISCOVERY,
          "InferencePool API group (inference.networking.x-k8s.io reads the v1alpha2 shape)"),
     Flag("--kubeconfig", "kubeconfig", TEXT, DISCOVERY, "kubeconfig path (in-cluster config if empty)"),
@@ -100,11 +106,11 @@ FLAGS: tuple[Flag, ...] = (
          "once a second (0: no such floor)", Range(0, 1)),
     Flag("--metrics-staleness-threshold", "metrics_staleness_threshold_s", DURATION, METRICS,
          "older scrapes count as stale: saturated for scorers, left out of the pool gauges", POSITIVE),
-    Flag("--config-file", "config_file", TEXT, SCHEDULING, "EndpointPickerConfig YAML file"),
+    Flag("--config-file", "config_file", TEXT, SCHEDULING, "EndpointPickerConfig YAML file", first=True),
     Flag("--config-text", "config_text", TEXT, SCHEDULING, "EndpointPickerConfig YAML text"),
     Flag("--max-endpoints", "max_endpoints", INT, SCHEDULING,
          "endpoints returned per request, best first (>1: fallbacks)", AT_LEAST_1,
-         parameters=("max-score-picker.maxNumOfEndpoints",)),
+         parameters=("max-score-picker.maxNumOfEndpoints",), first=True),
     Flag("--outlier-consecutive-failures", "outlier.consecutive_failures", INT, SCHEDULING,
          "eject an endpoint after this many routed requests in a row failed (5xx, reset, failed "
          "connection), for --outlier-ejection-time doubling per ejection in a row (0: never)", Range(0, 1000)),
@@ -130,7 +136,7 @@ FLAGS: tuple[Flag, ...] = (
          "its endpoint; off, the header is ignored and counted in prefix_epp_ignored_headers_total"),
     Flag("--explain-decisions", "explain_decisions", BOOL, SCHEDULING,
          "add an x-prefix-epp-decision response header: the endpoint, matched/total blocks, affinity=hit or miss, "
-         "each scorer's score, each candidate's predicted TTFT"),
+         "each scorer's score, each candidate's predicted TTFT", first=True),
     Flag("--disable-endpoint-subset-filter", "disable_endpoint_subset_filter", BOOL, SCHEDULING,
          "ignore the proxy's envoy.lb.subset_hint"),
     Flag("--prefix-block-size", "prefix.block_size_bytes", INT, SCHEDULING,
@@ -144,7 +150,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--scheduler", "scheduler", choice(*SCHEDULERS), SCHEDULING,
          "built-in profile: least predicted time to first token, the weighted sum of prefix, queue, KV-cache "
          "and in-flight scorers behind the hot-spot spill filter, or cache-aware (sglang-router's cache_aware "
-         "policy, a reference)", profile_only=True),
+         "policy, a reference)", profile_only=True, first=True),
     Flag("--prefill-ms-per-token", "latency.prefill_ms_per_token", FLOAT, SCHEDULING,
          "predicted-ttft prior: prefill milliseconds per prompt token (learned per endpoint from its TTFT "
          "histogram)", POSITIVE, parameters=(_TTFT + "prefillMsPerToken",)),
@@ -264,19 +270,23 @@ FLAGS: tuple[Flag, ...] = (
          "picker processes sharing the ext_proc port (SO_REUSEPORT), one core each", Range(1, 64)),
     # Not a config field: `prefix-epp serve` sets up its logs from args.log_level before anything else.
     Flag("--log-level", None, choice("debug", "info", "warning", "error"), LOGGING,
-         "JSON logs on stderr at this level; prompt text is never logged", default="info"),
+         "JSON logs on stderr at this level; prompt text is never logged", default="info", first=True),
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One argparse group per table group, in table order; each flag's default is EppConfig's."""
+def add_arguments(parser: argparse.ArgumentParser, *, first_only: bool = False) -> None:
+    """One argparse group per table group, in table order; each flag's default is EppConfig's.
+    With `first_only` (`prefix-epp serve --help`) every flag parses the same, but only the rows
+    marked `first` appear in the help and usage."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for flag in FLAGS:
         group = groups.get(flag.group) or groups.setdefault(flag.group, parser.add_argument_group(flag.group))
         kind, default = flag.kind, flag.default_value
-        options: dict[str, Any] = {"type": kind.parse, "help": flag.help.replace("%", "%%")}
+        shown = flag.first or not first_only
+        options: dict[str, Any] = {"type": kind.parse,
+                                   "help": flag.help.replace("%", "%%") if shown else argparse.SUPPRESS}
         # argparse parses a string default as if it were given, so a list keeps its parser's form.
-        options["default"] = kind.show(default) if kind is LIST else default
+        options["default"] = kind.show(default) if kind in (LIST, ENDPOINTS) else default
         if kind.choices:
             options["choices"] = kind.choices
         if kind is BOOL:
@@ -333,6 +343,10 @@ def render_markdown() -> str:
         "that parameter of the EndpointPickerConfig, when set, replaces the flag's value (a warning names each "
         "flag it replaced); a flag marked *Built-in profile only* shapes the built-in scheduling profile, and "
         "giving it together with a file that defines the profile is an error.",
+        "",
+        "`prefix-epp serve --help` shows the flags a first deployment sets: "
+        + ", ".join(f"`{flag.name}`" for flag in FLAGS if flag.first)
+        + "; `prefix-epp serve --help-all` shows every flag, as this page does.",
     ]
     for group in dict.fromkeys(flag.group for flag in FLAGS):
         lines += ["", f"## {group}", "", "| flag | default | meaning | range |", "|---|---|---|---|"]

@@ -14,10 +14,15 @@ Flags and `--config-file` (`--config-text`), applied consistently:
 - flags that only shape the built-in profile (`--scheduler`, `--prefix-weight`, `--inflight-weight`,
   `--prefix-scorer`: `PROFILE_FLAGS`) cannot apply when the file defines the scheduling profile: giving them a
   non-default value together with such a file is an error (`profile_conflicts`).
+
+Every refusal at start-up is a `StartupError`: `prefix-epp` prints its message as one line on
+stderr, `prefix-epp serve: error: <message>`, and exits with status 2 (as for a malformed flag
+value), without a traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import math
 import re
@@ -26,6 +31,36 @@ from typing import Any
 
 from extproc.config.flags import FLAGS, value_at
 from extproc.config.settings import MIN_SCORED_ENDPOINTS, EppConfig
+
+
+class StartupError(SystemExit):
+    """`prefix-epp serve` refuses to start: the message names the flag and what to do instead."""
+
+    def __init__(self, message: str) -> None:
+        # One line, whatever the cause wrote (a YAML error spans several, with a caret under the column).
+        message = " ".join(line.strip() for line in message.splitlines() if line.strip() not in ("", "^"))
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def bind_message(flag: str, address_flag: str, address: str, port: int, exc: OSError | None = None) -> str:
+    """One line naming the flag: why `address`:`port` cannot be listened on, and what to do."""
+    code = exc.errno if exc is not None else None
+    if code == errno.EADDRNOTAVAIL:
+        return (f"{address_flag} {address}: not an address of this machine; use one of its own addresses, "
+                "or 0.0.0.0 (::) for all")
+    if code == errno.EACCES:
+        return f"{flag} {port}: permission denied (ports below 1024 need privileges); choose a port from 1024 up"
+    if code == errno.EADDRINUSE:
+        return f"{flag} {port}: address already in use on {address}; choose a free port or stop the process holding it"
+    if exc is None:  # gRPC says only that the bind failed
+        return (f"{flag} {port}: cannot listen on {address} (the port in use, or the address not this "
+                "machine's); choose a free port or stop the process holding it")
+    return f"{flag} {port}: cannot listen on {address}: {exc.strerror}"
+
 
 # RFC 9110 token, lower case (HTTP/2 and Envoy's ext_proc carry header names in lower case).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")

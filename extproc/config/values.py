@@ -6,6 +6,11 @@
 - `parse_bool`: a Go-style boolean flag (`--flag`, `--flag=true`, `--flag=false`, also 1/0, t/f,
   yes/no, on/off).
 - `format_duration`: seconds back to the shortest Go duration ("50ms", "2s"), for the CLI reference.
+- `ip_port`: a model-server endpoint, `IP:port` or `[IPv6]:port`: the gateway routes each request
+  to the picked endpoint's address (ORIGINAL_DST, override_host), so a host name, a URL or a
+  missing port would start cleanly and then fail every request; refused with what to write instead.
+- `endpoint_list`: the `--endpoints` flag (`prefix-epp serve`, `prefix-epp envoy-config`), comma
+  separated `IP:port` items, each optionally followed by `@tcp://events[@tcp://replay]`.
 
 An invalid EndpointPickerConfig value is a `ConfigError` naming its field; an invalid flag value is
 an `argparse.ArgumentTypeError`, which argparse reports with the flag's name.
@@ -14,6 +19,7 @@ an `argparse.ArgumentTypeError`, which argparse reports with the flag's name.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
 from typing import Any
 
@@ -86,3 +92,85 @@ def comma_list(value: str) -> tuple[str, ...]:
 def header_name(value: str) -> str:
     """An HTTP header name as HTTP/2 and Envoy carry it: stripped and lower-cased ("" stays "")."""
     return value.strip().lower()
+
+
+_ROUTED = "(the gateway routes by address)"
+_SEPARATORS = re.compile(r"[;\s|]+")
+
+
+def ip_port(item: str) -> tuple[str, int]:
+    """(IP, port) of `IP:port` or `[IPv6]:port`; a ValueError names the item and what to write instead."""
+    text = item.strip()
+    if "://" in text:
+        bare = text.partition("://")[2].split("/", 1)[0]
+        raise ValueError(f"{item!r} is a URL, not an IP:port; write {_suggest(bare)} {_ROUTED}")
+    if _SEPARATORS.search(text):
+        raise ValueError(f"{item!r} is not an IP:port; separate endpoints with commas: "
+                         f"{','.join(p for p in _SEPARATORS.split(text) if p)}")
+    bracketed = text.startswith("[")
+    host, sep, port = text[1:].partition("]:") if bracketed else text.rpartition(":")
+    if bracketed and not sep:
+        raise ValueError(f"{item!r} is not an IP:port; write [IPv6]:PORT, e.g. [::1]:8000")
+    if not sep:
+        raise ValueError(f"{item!r} has no port; write {_host_of(text)}:PORT, e.g. {_host_of(text)}:8000")
+    if not host:
+        raise ValueError(f"{item!r} has no IP address; write IP:{port}, e.g. 127.0.0.1:{port}")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{item!r}: the port {port!r} is not a number from 1 to 65535; write "
+                         f"{_host_of(host) if not bracketed else f'[{host}]'}:PORT")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        named = "" if host == "localhost" else "the host's IP address, as "
+        raise ValueError(f"{item!r} is not an IP:port; write {named}{_suggest(text)} {_ROUTED}") from None
+    if (ip.version == 6) != bracketed:  # "::1:8000" is itself an IPv6 address: the port needs brackets
+        raise ValueError(f"{item!r} is not an IP:port; write {_suggest(text)}")
+    return str(ip), int(port)
+
+
+def _host_of(host: str) -> str:
+    """`host` as it could stand before :PORT (an IPv6 address bracketed, a name by an IP placeholder)."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return "127.0.0.1" if host == "localhost" else "IP"
+    return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
+def _suggest(text: str) -> str:
+    """The IP:port `text` most likely meant (a placeholder where no address can be guessed)."""
+    if text.startswith("["):
+        host, _, port = text[1:].partition("]:")
+    else:
+        host, _, port = text.rpartition(":")
+        if ":" in host:  # unbracketed IPv6: its last group is the port
+            return f"[{host}]:{port}"
+        if not host:
+            host, port = text, "PORT"
+    return f"{_host_of(host)}:{port if port.isdigit() else 'PORT'}"
+
+
+def endpoint(item: str) -> tuple[str, int, str]:
+    """(IP, port, KV-events address) of one `--endpoints` item `IP:port[@tcp://events[@tcp://replay]]`."""
+    address, _, events = item.strip().partition("@")
+    host, port = ip_port(address)
+    for part in events.split("@") if events else ():
+        if "://" not in part:
+            raise ValueError(f"{item!r}: {part!r} is not a ZeroMQ address; write it as tcp://IP:PORT")
+    return host, port, events.strip()
+
+
+def endpoint_list(value: str) -> tuple[str, ...]:
+    """The `--endpoints` flag: its items stripped, each checked by `endpoint`; "" is no endpoints."""
+    if not value.strip():
+        return ()
+    items = tuple(item.strip() for item in value.split(","))
+    for item in items:
+        if not item:
+            raise argparse.ArgumentTypeError(f"an empty item in {value!r}; separate endpoints with single "
+                                             "commas, e.g. 127.0.0.1:8001,127.0.0.1:8002")
+        try:
+            endpoint(item)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return items

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from extproc.config.settings import EppConfig
+from extproc.config.validate import StartupError, bind_message
 from extproc.control.director import Director
 from extproc.control.health import Rotation
 from extproc.core.background import Supervised, supervise
@@ -208,9 +209,13 @@ class App:
             else:
                 render = (pod_renderer(self.metrics.registry, self.role.sibling_metrics) if self.role.count > 1
                           else None)
-                self._metrics_server = await start_metrics_server(self.metrics.registry,
-                                                                  cfg.listen_address("metrics"), cfg.metrics_port,
-                                                                  render)
+                address = cfg.listen_address("metrics")
+                try:
+                    self._metrics_server = await start_metrics_server(self.metrics.registry, address,
+                                                                      cfg.metrics_port, render)
+                except OSError as exc:  # taken since `serve` checked it (extproc/commands/preflight.py)
+                    raise StartupError(bind_message("--metrics-port", "--metrics-bind-address", address,
+                                                    cfg.metrics_port, exc)) from None
         self._servers = await start_servers(
             self.director, self.metrics, self.health, bind=cfg.bind_address, grpc_port=cfg.grpc_port,
             health_port=cfg.grpc_health_port if first else 0, health_bind=cfg.listen_address("health"),

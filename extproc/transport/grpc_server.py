@@ -1,6 +1,7 @@
 """The gRPC servers: ext_proc on --grpc-port (TLS unless --secure-serving=false) and health on
 --grpc-health-port (plaintext, for kubelet and Envoy health checks), each on its own address
-(`bind`: --bind-address; `health_bind`: --health-bind-address, else --bind-address).
+(`bind`: --bind-address; `health_bind`: --health-bind-address, else --bind-address). A port
+that cannot be bound is a StartupError naming its flag.
 
 Every ext_proc stream is counted open/closed in a `StreamTracker` (extproc/transport/streams.py) so a drain
 can wait for the last one. With `reuse_port` (--workers > 1) several processes bind the ext_proc
@@ -14,10 +15,12 @@ closes them gracefully; `python -m bench.stream_ends` measures both ways
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
 
+from extproc.config.validate import StartupError, bind_message
 from extproc.control.director import Director
 from extproc.core.datastore import join_host_port
 from extproc.pb import external_processor_pb2 as pb
@@ -87,16 +90,36 @@ async def start_servers(
     ext = grpc.aio.server(options=options)
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, metrics, explain, streams, budget), ext)
     health_pb2_grpc.add_HealthServicer_to_server(health, ext)
-    address = join_host_port(bind, grpc_port)
-    if secure:
-        ext.add_secure_port(address, server_credentials(cert_path, client_ca_file))
-    else:
-        ext.add_insecure_port(address)
+    try:
+        add_port(ext, "--grpc-port", "--bind-address", bind, grpc_port,
+                server_credentials(cert_path, client_ca_file) if secure else None)
+    except StartupError:
+        await ext.stop(None)
+        raise
     await ext.start()
     if not health_port:
         return [ext]
     hs = grpc.aio.server(options=_OPTIONS)
     health_pb2_grpc.add_HealthServicer_to_server(health, hs)
-    hs.add_insecure_port(join_host_port(health_bind, health_port))
+    try:
+        add_port(hs, "--grpc-health-port", "--health-bind-address", health_bind, health_port, None)
+    except StartupError:
+        await asyncio.gather(ext.stop(None), hs.stop(None))
+        raise
     await hs.start()
     return [ext, hs]
+
+
+def add_port(server: grpc.aio.Server, flag: str, address_flag: str, host: str, port: int,
+            credentials: grpc.ServerCredentials | None) -> None:
+    """Add the port; gRPC's failure to bind (a RuntimeError, or 0 from older versions) becomes a
+    StartupError naming the flag. `prefix-epp serve` checked the port already (extproc/commands/
+    preflight.py): this is a port taken since."""
+    address = join_host_port(host, port)
+    try:
+        bound = (server.add_insecure_port(address) if credentials is None
+                 else server.add_secure_port(address, credentials))
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        raise StartupError(bind_message(flag, address_flag, host, port))

@@ -12,6 +12,10 @@ fails unless the client presents a certificate one of them signed, so only a pro
 a certificate (Envoy's cluster `tls_certificates`, `envoy-config --upstream-client-cert`) can
 open an ext_proc stream and see prompts. Without it any client that reaches the port may.
 
+`check_files` reads and parses all of them at start-up (a missing or unreadable file, a file that
+is not PEM, a key that does not match the certificate), so that `prefix-epp serve` refuses them in
+one line naming the flag instead of gRPC failing to bind, or failing every handshake later.
+
 Peer sync over TLS (`--sync-tls`, `peer_tls`) needs `--cert-path`: every replica serves the same
 certificate and verifies its peers' against DIR/ca.crt when the Secret has one, else against
 tls.crt itself (the replicas share it), under the certificate's first DNS name (peers are dialled
@@ -53,6 +57,37 @@ def self_signed(common_name: str = "prefix-epp", days: int = 3650) -> tuple[byte
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+
+def check_files(cert_path: str, client_ca_file: str = "") -> str | None:
+    """What is wrong with --cert-path's tls.crt and tls.key, or --client-ca-file, naming the flag; None: nothing."""
+    if cert_path:
+        directory = Path(cert_path)
+        try:
+            cert_pem, key_pem = (directory / "tls.crt").read_bytes(), (directory / "tls.key").read_bytes()
+        except OSError as exc:
+            return f"--cert-path {cert_path}: cannot read {exc.filename}: {exc.strerror}"
+        try:
+            cert = x509.load_pem_x509_certificate(cert_pem)
+        except ValueError:
+            return f"--cert-path {cert_path}: tls.crt is not a PEM certificate"
+        try:
+            key = serialization.load_pem_private_key(key_pem, password=None)
+        except (ValueError, TypeError):
+            return f"--cert-path {cert_path}: tls.key is not an unencrypted PEM private key"
+        if key.public_key().public_bytes(*_SPKI) != cert.public_key().public_bytes(*_SPKI):
+            return f"--cert-path {cert_path}: tls.key is not the key of tls.crt"
+    if client_ca_file:
+        try:
+            x509.load_pem_x509_certificates(Path(client_ca_file).read_bytes())
+        except OSError as exc:
+            return f"--client-ca-file {client_ca_file}: cannot read it: {exc.strerror}"
+        except ValueError:
+            return f"--client-ca-file {client_ca_file}: not a PEM CA certificate bundle"
+    return None
+
+
+_SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def server_credentials(cert_path: str, client_ca_file: str = "") -> grpc.ServerCredentials:

@@ -15,7 +15,7 @@ import pytest
 
 from extproc.commands import serve
 from extproc.config import flags
-from extproc.config.flags import BOOL, DURATION, FLAGS, HEADER, INT, LIST, TEXT, Flag, Range, value_at
+from extproc.config.flags import BOOL, DURATION, ENDPOINTS, FLAGS, HEADER, INT, LIST, TEXT, Flag, Range, value_at
 from extproc.config.settings import EppConfig
 from extproc.config.validate import PARAMETER_FLAGS, PROFILE_FLAGS, RULES, check
 from extproc.scheduling.config_loader import PLUGIN_PARAMS
@@ -165,6 +165,8 @@ def _sample(flag: Flag) -> tuple[str, Any]:
         return str(value), value
     if kind is LIST:
         return "a:1, b:2,", ("a:1", "b:2")
+    if kind is ENDPOINTS:
+        return "10.0.0.1:8000, [fd00::2]:8000@tcp://10.0.0.9:5557", ("10.0.0.1:8000", "[fd00::2]:8000@tcp://10.0.0.9:5557")
     if kind is HEADER:
         return " X-Other-Header ", "x-other-header"
     if kind is TEXT:
