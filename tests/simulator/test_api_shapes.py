@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from extproc.scraping.scraper import parse_vllm_metrics
 from extproc.tokenization.builtin import count, encode, render_chat
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.embeddings import DIMENSIONS
@@ -206,3 +207,4 @@ async def test_process_start_time_seconds_is_the_replicas_start() -> None:
     [sample] = family.samples
     assert family.type == "gauge" and sample.labels == {} and before <= sample.value <= after
     assert "process_start_time_seconds " in text  # no labels, as prometheus_client's process collector
+    assert parse_vllm_metrics(text.encode(), time.time()).started_at == sample.value  # as the picker reads it
