@@ -20,14 +20,23 @@ Errors
 Responses
     `completion_body` / `completion_chunk` build non-streaming bodies and SSE chunks for both
     endpoints (`kind` "completion" or "chat"); `usage` always reports
-    `prompt_tokens_details.cached_tokens`. Generated text comes from
-    `prefix_epp_sim.output` (the filler of the configured tokenizer); every finish is "length".
+    `prompt_tokens_details.cached_tokens` (vLLM's `--enable-prompt-tokens-details`). Generated text
+    comes from `prefix_epp_sim.output` (the filler of the configured tokenizer); every finish is
+    "length".
+
+Answers
+    An `Answer` writes one generation in its API's shape: `body` (not streamed), or `opening`,
+    one `chunk` per batch of new tokens and `closing` (streamed, SSE). `ChatAnswer` is the one of
+    /v1/completions and /v1/chat/completions (`data: [DONE]` last, the usage chunk before it with
+    `stream_options.include_usage`); `anthropic_api.MessageAnswer` and
+    `responses_api.ResponseAnswer` are the other two.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -256,3 +265,36 @@ def tokenize_body(body: Mapping[str, Any], config: SimConfig) -> dict[str, Any]:
     else:
         raise ApiError("bad_request", "Provide 'prompt' (a string) or 'messages'.", "prompt")
     return {"count": len(tokens), "max_model_len": config.max_model_len, "tokens": tokens, "token_strs": None}
+
+
+class Answer(Protocol):
+    """How one API writes a generation (module docstring)."""
+
+    def body(self, text: str, completion_tokens: int, cached_tokens: int) -> dict[str, Any]: ...
+    def opening(self) -> bytes: ...
+    def chunk(self, text: str, first: bool, last: bool) -> bytes: ...
+    def closing(self, completion_tokens: int, cached_tokens: int) -> bytes: ...
+
+
+class ChatAnswer:
+    """/v1/completions and /v1/chat/completions: ids `cmpl-<hex>` and `chatcmpl-<hex>`."""
+
+    def __init__(self, gen: Generation) -> None:
+        self.gen = gen
+        self.id = f"{'cmpl' if gen.kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def body(self, text: str, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+        return completion_body(self.gen, self.id, text, completion_tokens, cached_tokens)
+
+    def opening(self) -> bytes:
+        return b""
+
+    def chunk(self, text: str, first: bool, last: bool) -> bytes:
+        return completion_chunk(self.gen, self.id, self.created, text, "length" if last else None, first=first)
+
+    def closing(self, completion_tokens: int, cached_tokens: int) -> bytes:
+        if not self.gen.include_usage:
+            return SSE_DONE
+        return completion_chunk(self.gen, self.id, self.created, None, usage_body=usage(
+            len(self.gen.prompt_tokens), completion_tokens, cached_tokens)) + SSE_DONE

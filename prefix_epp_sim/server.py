@@ -5,13 +5,19 @@ and one aiohttp site; replicas share only the event loop and the ZeroMQ context.
 
 Routes (vLLM's):
   POST /v1/completions, /v1/chat/completions   streaming (SSE, `data: [DONE]`) or not
-  POST /v1/messages, /v1/responses              served as the chat request vLLM renders (shapes.py)
+  POST /v1/messages                              Anthropic Messages (`anthropic_api`), streaming or not
+  POST /v1/responses                             OpenAI Responses (`responses_api`), streaming or not,
+                                                 `previous_response_id` from the replica's store
+                                                 (Messages and Responses prompts: the chat request
+                                                 vLLM converts them into, `shapes`)
+  POST /v1/embeddings                            hashed vectors (`embeddings`), costed on the engine
   POST /v1/completions/render, /v1/chat/completions/render
                                                  the prompt's token ids, not generated
                                                  (`prefix_epp_sim.render`, vLLM 0.32's shapes)
   POST /tokenize                                 {"count", "max_model_len", "tokens", "token_strs"}
   POST /reset_prefix_cache                       forget cached blocks, publish AllBlocksCleared
-  GET  /v1/models, /health, /metrics
+  GET  /v1/models, /health, /metrics           (/metrics: `vllm_metrics`, with
+                                                 process_start_time_seconds = the replica's start)
 Every response carries `x-served-by: <host:port>` (with a wildcard bind address, the `POD_IP`
 environment variable names the host). Until `startup_delay` seconds have passed, /health and
 the inference routes answer 503. With `failure_rate` f, a fraction f of well-formed inference
@@ -26,13 +32,13 @@ port), replay to kv_events_replay_port_base + i likewise; an explicit `kv_events
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
 import os
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -40,24 +46,25 @@ import orjson
 import zmq.asyncio
 from aiohttp import web
 
+from prefix_epp_sim.anthropic_api import MessageAnswer, error_body
 from prefix_epp_sim.config import SimConfig
+from prefix_epp_sim.embeddings import embeddings_body, parse_embeddings
 from prefix_epp_sim.engine import Engine, SimRequest
 from prefix_epp_sim.kv_publisher import KVEventPublisher
 from prefix_epp_sim.kvcache import KVCache, KVEvent
 from prefix_epp_sim.openai_api import (
-    SSE_DONE,
+    Answer,
     ApiError,
+    ChatAnswer,
     Generation,
     Kind,
-    completion_body,
-    completion_chunk,
     models_body,
     parse_generation,
     parse_json,
     tokenize_body,
-    usage,
 )
 from prefix_epp_sim.render import render_chat, render_completions
+from prefix_epp_sim.responses_api import ResponseAnswer, ResponseStore
 from prefix_epp_sim.shapes import as_chat
 from prefix_epp_sim.vllm_metrics import CONTENT_TYPE, build_registry, render
 
@@ -123,7 +130,10 @@ class Replica:
         lora_ids = {name: i + 1 for i, name in enumerate(config.lora_names)}
         self.cache = KVCache(config.kv_cache_blocks, config.block_size, sink=self._on_kv_event)
         self.engine = Engine(config, self.cache, after_step=self._flush_events, lora_ids=lora_ids)
-        self.registry = build_registry(self.engine, config.model_names[0], config.metrics_surface)
+        self.started_at = time.time()  # process_start_time_seconds: set again at each start
+        self.registry = build_registry(self.engine, config.model_names[0], config.metrics_surface,
+                                       started_at=lambda: self.started_at)
+        self.responses = ResponseStore()
         self.failures = 0
         self._zmq_ctx = zmq_ctx
         self._rng = random.Random(f"{config.seed}:{index}")
@@ -167,6 +177,7 @@ class Replica:
         app.router.add_post("/v1/chat/completions", _api(self._chat))
         app.router.add_post("/v1/messages", _api(self._messages))
         app.router.add_post("/v1/responses", _api(self._responses))
+        app.router.add_post("/v1/embeddings", _api(self._embeddings))
         app.router.add_post("/v1/completions/render", _api(self._render_completions))
         app.router.add_post("/v1/chat/completions/render", _api(self._render_chat))
         app.router.add_post("/tokenize", _api(self._tokenize))
@@ -177,6 +188,7 @@ class Replica:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_GRACE_S)
         self.port = await start_site(self._runner, self.host, self.port)
+        self.started_at = time.time()
         self._ready_at = time.monotonic() + self.config.startup_delay
         self._start_publisher()
         self.engine.start()
@@ -263,59 +275,86 @@ class Replica:
         return await self._generate(request, "chat")
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat", "messages")
+        self._check_ready()
+        body = as_chat(parse_json(await request.read()), "messages")  # malformed: vLLM's OpenAI-shaped 400
+        try:
+            gen = parse_generation(body, "chat", self.config)
+            return await self.generate(request, gen, MessageAnswer(gen))
+        except ApiError as exc:
+            return _json(error_body(exc), exc.status)
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat", "responses")
-
-    async def _generate(self, request: web.Request, kind: Kind, shape: str = "") -> web.StreamResponse:
-        """`shape`: messages or responses, served as the chat request vLLM renders (prefix_epp_sim/shapes.py)."""
         self._check_ready()
+        created = int(time.time())
         body = parse_json(await request.read())
-        gen = parse_generation(as_chat(body, shape) if shape else body, kind, self.config)
+        chat = as_chat(body, "responses", self.responses.history(body))
+        gen = parse_generation(chat, "chat", self.config)
+        return await self.generate(request, gen, ResponseAnswer(gen, body, chat["messages"], self.responses,
+                                                                created))
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        self._check_ready()
+        gen = parse_generation(parse_json(await request.read()), kind, self.config)
         return await self.generate(request, gen)
 
-    async def generate(self, request: web.Request, gen: Generation) -> web.StreamResponse:
-        """Serve a parsed request: queued on the engine before the first await (the clairvoyant
-        front, `prefix_epp_sim.clairvoyant`, relies on that), then answered on `request`."""
-        self._check_ready()
+    def _maybe_fail(self) -> None:
         if self.config.failure_rate and self._rng.random() < self.config.failure_rate:
             self.failures += 1
             raise ApiError("internal", "Injected failure (--failure-rate).")
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        """Each input costs one prefill on the engine (a one-token request), as the module
+        `prefix_epp_sim.embeddings` says; the vectors do not depend on it."""
+        self._check_ready()
+        emb = parse_embeddings(parse_json(await request.read()), self.config)
+        self._maybe_fail()
+        reqs = [SimRequest(tokens, 1, False, emb.lora) for tokens in emb.inputs]
+        for req in reqs:
+            self.engine.submit(req)
+        try:
+            await asyncio.gather(*(req.done.wait() for req in reqs))
+        finally:
+            for req in reqs:
+                self.engine.abort(req)
+        return _json(embeddings_body(emb))
+
+    async def generate(self, request: web.Request, gen: Generation, answer: Answer | None = None) -> web.StreamResponse:
+        """Serve a parsed request, written by `answer` (default: the completions/chat one): queued
+        on the engine before the first await (the clairvoyant front, `prefix_epp_sim.clairvoyant`,
+        relies on that), then answered on `request`."""
+        self._check_ready()
+        self._maybe_fail()
+        answer = answer or ChatAnswer(gen)
         req = SimRequest(gen.prompt_tokens, gen.max_tokens, gen.stream, gen.lora)
-        request_id = f"{'cmpl' if gen.kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
         self.engine.submit(req)
         try:
             if gen.stream:
-                return await self._stream(request, gen, req, request_id)
+                return await self._stream(request, req, answer)
             await req.done.wait()
             text = self.engine.filler.text(0, req.generated)
-            return _json(completion_body(gen, request_id, text, req.generated, req.cached_tokens))
+            return _json(answer.body(text, req.generated, req.cached_tokens))
         finally:
             self.engine.abort(req)  # no-op once finished; frees the blocks of a vanished client
 
-    async def _stream(self, request: web.Request, gen: Generation, req: SimRequest,
-                      request_id: str) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: SimRequest, answer: Answer) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
         await response.prepare(request)
-        created, sent = int(time.time()), 0
+        opening = answer.opening()
+        if opening:
+            await response.write(opening)
+        sent = 0
         while True:
             await req.progress.wait()
             req.progress.clear()
             generated = req.generated
             if generated > sent:
-                finish = "length" if req.finished else None
                 text = self.engine.filler.text(sent, generated)
-                await response.write(completion_chunk(gen, request_id, created, text, finish, first=sent == 0))
+                await response.write(answer.chunk(text, first=sent == 0, last=req.finished))
                 sent = generated
             if req.finished:
                 break
-        if gen.include_usage:
-            await response.write(completion_chunk(gen, request_id, created, None,
-                                                  usage_body=usage(len(gen.prompt_tokens), sent,
-                                                                   req.cached_tokens)))
-        await response.write(SSE_DONE)
+        await response.write(answer.closing(sent, req.cached_tokens))
         await response.write_eof()
         return response
 

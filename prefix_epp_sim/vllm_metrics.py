@@ -15,6 +15,9 @@ Exposed (labels `model_name=<first served name>` unless noted):
   histograms  vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds,
               vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds (model time,
               vLLM's bucket bounds)
+  process    process_start_time_seconds (no labels): when the replica started serving, unix
+              seconds, as prometheus_client's process collector exports it for vLLM's API server;
+              the picker reads a new value as an engine restart (extproc/scraping/scraper.py)
 With `metrics_surface` "minimal" only the three gauges and vllm:cache_config_info are exported
 (no histograms, counters or LoRA info), as many engines that are not vLLM.
 Counters carry no `_created` series, as vLLM's exposition does not. As in vLLM V1, a request's
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -76,10 +79,12 @@ class Histogram:
 
 
 class SimCollector:
-    def __init__(self, engine: Engine, model_name: str, surface: str = "vllm") -> None:
+    def __init__(self, engine: Engine, model_name: str, surface: str = "vllm",
+                 started_at: Callable[[], float] | None = None) -> None:
         self._engine = engine
         self._model = model_name
         self._minimal = surface == "minimal"
+        self._started_at = started_at
 
     def collect(self) -> Iterator[Metric]:
         engine, labels, values = self._engine, ["model_name"], [self._model]
@@ -112,6 +117,9 @@ class SimCollector:
         yield info
         if self._minimal:
             return
+        if self._started_at is not None:
+            yield GaugeMetricFamily("process_start_time_seconds",
+                                    "Start time of the process since unix epoch in seconds.", self._started_at())
 
         running, waiting = engine.lora_adapters()
         lora = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
@@ -142,10 +150,12 @@ class SimCollector:
                         "Histogram of time spent in WAITING phase for request.", stats.queue)
 
 
-def build_registry(engine: Engine, model_name: str, surface: str = "vllm") -> CollectorRegistry:
-    """A fresh registry for one replica (never the process-global one)."""
+def build_registry(engine: Engine, model_name: str, surface: str = "vllm",
+                   started_at: Callable[[], float] | None = None) -> CollectorRegistry:
+    """A fresh registry for one replica (never the process-global one); `started_at`: the
+    replica's start (unix seconds) for process_start_time_seconds."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SimCollector(engine, model_name, surface))
+    registry.register(SimCollector(engine, model_name, surface, started_at))
     return registry
 
 

@@ -7,14 +7,18 @@ wait for earlier responses (open loop), so a slow router builds queues instead o
 offered load. `lag_s` records how late a session started against its plan (a busy client
 machine shows up there, not in the router's figures).
 
-Every request streams (`stream: true`, `stream_options.include_usage`):
+Every request streams (`stream: true`, `stream_options.include_usage`), in its API's events
+(completions and chat chunks; Anthropic Messages and OpenAI Responses events for /v1/messages and
+/v1/responses, as vLLM and the simulator send them):
 - TTFT: from sending the request to the first chunk with non-empty content (completion `text`,
-  chat `delta.content`), measured here, at the client; a stream whose tokens never decode to
+  chat `delta.content`, a Messages `text_delta`, a Responses `output_text.delta`), measured here,
+  at the client; a stream whose tokens never decode to
   text (a random model's answer of partial UTF-8 bytes, on real vLLM) takes its first chunk
   with a choice instead, which vLLM sends for every token;
 - end-to-end latency: to the end of the stream;
 - prompt, cached (`usage.prompt_tokens_details.cached_tokens`) and completion tokens: from the
-  final usage chunk;
+  final usage chunk (a Messages stream's `message_delta`: input + cache-read tokens, cache-read
+  tokens, output tokens; a Responses stream's `response.completed`);
 - the replica that answered: the `x-served-by` response header (Envoy and sglang-router pass it);
 - the picker's explanation of its choice, where it was asked for (`--explain-decisions`: the
   `x-prefix-epp-decision` response header), kept in each request's raw record.
@@ -68,7 +72,15 @@ class RunResult:
     wall_s: float  # first send to last response, model seconds
 
 
+_DELTAS = ("content_block_delta", "response.output_text.delta")  # Messages' and Responses' text events
+
+
 def _content(chunk: dict[str, object]) -> str:
+    kind, delta = chunk.get("type"), chunk.get("delta")
+    if kind == "content_block_delta":
+        return str(delta.get("text") or "") if isinstance(delta, dict) else ""
+    if kind == "response.output_text.delta":
+        return str(delta or "")
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return ""
@@ -77,6 +89,26 @@ def _content(chunk: dict[str, object]) -> str:
         return str(choice.get("text") or "")
     delta = choice.get("delta")
     return str(delta.get("content") or "") if isinstance(delta, dict) else ""
+
+
+def _usage(chunk: dict[str, Any]) -> Any:
+    """The event's usage in the chat form (prompt, completion and cached tokens), or None: a Messages
+    stream's `message_delta` (Anthropic counts cached input apart from `input_tokens`), a Responses
+    stream's `response.completed`, a completions or chat stream's usage chunk."""
+    kind = chunk.get("type")
+    if kind == "message_delta" and isinstance(chunk.get("usage"), dict):
+        u = chunk["usage"]
+        cached = int(u.get("cache_read_input_tokens") or 0)
+        prompt = int(u.get("input_tokens") or 0) + cached + int(u.get("cache_creation_input_tokens") or 0)
+        return {"prompt_tokens": prompt, "completion_tokens": u.get("output_tokens"),
+                "prompt_tokens_details": {"cached_tokens": cached}}
+    response = chunk.get("response")
+    if kind == "response.completed" and isinstance(response, dict) and isinstance(response.get("usage"), dict):
+        u = response["usage"]
+        details = u.get("input_tokens_details")
+        return {"prompt_tokens": u.get("input_tokens"), "completion_tokens": u.get("output_tokens"),
+                "prompt_tokens_details": details if isinstance(details, dict) else None}
+    return chunk.get("usage")
 
 
 async def send(session: aiohttp.ClientSession, url: str, payload: dict[str, object],
@@ -99,15 +131,14 @@ async def send(session: aiohttp.ClientSession, url: str, payload: dict[str, obje
                 if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
                 chunk = orjson.loads(line[6:])
-                if first_choice_s is None and chunk.get("choices"):
+                if first_choice_s is None and (chunk.get("choices") or chunk.get("type") in _DELTAS):
                     first_choice_s = (time.perf_counter() - start) * time_scale
                 piece = _content(chunk)
                 if piece:
                     if result.ttft_s is None:
                         result.ttft_s = (time.perf_counter() - start) * time_scale
                     answer.append(piece)
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
+                usage = _usage(chunk) or usage
             if not isinstance(usage, dict):
                 result.error = "stream ended without usage"
                 return ""

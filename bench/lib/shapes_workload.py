@@ -4,13 +4,13 @@ Conversations of `turns` turns in five shapes, dealt in turn: completions (each 
 the system prompt and the user turns so far, one string), chat (with tools), Anthropic Messages
 (system as text blocks with a `cache_control` breakpoint that moves to the newest block each
 turn, the tools in Anthropic form), Responses (instructions and the full input, as a client with
-`store: false` sends it: the simulator keeps no response store) and chat with an image (a
+`store: false` sends it, so no turn depends on a replica's response store) and chat with an image (a
 base64 PNG-like data URL in the first user message; conversations of one group share their
 group's image, as a team shares a screenshot). Each conversation uses one of `system_prompts`
 shared system prompts (`system_tokens`), its first user message carries `first_user_tokens`, later
 ones `user_tokens`; the history includes the previous answers. Starts at `rate` per second,
-think time exponential with mean `think_s`. The simulator serves Messages and Responses as the
-chat request vLLM renders (prefix_epp_sim/shapes.py), so the oracle tokenizes them that way.
+think time exponential with mean `think_s`. The simulator computes Messages and Responses prompts as
+the chat request vLLM renders (prefix_epp_sim/shapes.py), so the oracle tokenizes them that way.
 """
 
 from __future__ import annotations

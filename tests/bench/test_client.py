@@ -10,6 +10,8 @@ from aiohttp import web
 
 from bench.lib.client import RequestResult, run, send
 from bench.lib.workloads import Session, Workload
+from prefix_epp_sim.config import SimConfig
+from prefix_epp_sim.server import run_replicas
 from testkit.procs import free_ports
 
 USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 3}}\n\n'
@@ -84,3 +86,27 @@ async def test_several_gateways_take_a_conversations_turns_in_turn() -> None:
     assert sorted((r.session, r.turn, r.gateway) for r in result.requests) == [
         (0, 0, 0), (0, 1, 1), (0, 2, 2), (0, 3, 0), (1, 0, 1)]
     assert [len(s) for s in seen] == [2, 2, 1]
+
+
+async def test_messages_and_responses_streams_give_text_and_usage_as_chat_does() -> None:
+    """The mixed-shapes workload's /v1/messages and /v1/responses turns, streamed in their own
+    events by a simulated replica: the same answer, prompt and cached tokens as the chat turn."""
+    system = "Answer in the manual's words. " * 30
+    common = {"model": "sim-model", "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}
+    bodies = {
+        "/v1/chat/completions": {**common, "messages": [{"role": "system", "content": system},
+                                                        {"role": "user", "content": "hi"}]},
+        "/v1/messages": {**common, "system": system, "messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses": {**common, "instructions": system, "input": "hi"},
+    }
+    async with run_replicas(SimConfig(time_scale=100.0, kv_events=False), 1, base_port=0) as [rep], \
+            aiohttp.ClientSession() as session:
+        results = {}
+        for path, payload in bodies.items():
+            result = RequestResult(0, 0, path, 0.0, 0.0)
+            answer = await send(session, rep.url + path, payload, result, 1.0)
+            results[path] = (answer, result.prompt_tokens, result.completion_tokens)
+            assert result.ok and result.ttft_s is not None, result.error
+            if path != "/v1/chat/completions":  # the same prompt as the chat turn before it: cached
+                assert result.cached_tokens == (result.prompt_tokens - 1) // 16 * 16 > 0
+    assert len(set(results.values())) == 1 and results["/v1/messages"][0]
