@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint typecheck unit image demo bench protos peers vllm inference-perf clean fuzz soak docs-cli
+.PHONY: all test lint typecheck unit image demo bench protos peers vllm inference-perf prometheus clean fuzz soak docs-cli
 
 all: test
 
@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 image:
 	bash scripts/build-image.sh
 
-test: $(STAMP) lint typecheck image peers vllm inference-perf
+test: $(STAMP) lint typecheck image peers vllm inference-perf prometheus
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 unit: $(STAMP)
@@ -72,6 +72,11 @@ vllm: $(STAMP)
 # (pyenv's), cached outside the repository: tests/bench/test_inference_perf.py drives the picker with it.
 inference-perf: $(STAMP)
 	$(PY) -m testkit.inference_perf_env >/dev/null
+
+# A real Prometheus server (Debian's `prometheus` package, installed with apt-get when missing:
+# testkit/prometheus.py); tests/deploy/test_dashboard_prometheus.py evaluates the dashboard with it.
+prometheus: $(STAMP)
+	$(PY) -m testkit.prometheus >/dev/null
 
 protos: $(STAMP)
 	$(PY) protos/generate.py

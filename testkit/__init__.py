@@ -37,6 +37,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `eg_cluster` | that rig's Kubernetes side: API, CRDs, helm install, Pods and EndpointSlices |
 | `eg_envoy` | the arguments of the Envoy that Envoy Gateway configured, rewritten for the rig; its Envoy |
 | `eg_client` | OpenAI requests through that rig's Gateway and its pickers' /metrics |
+| `prometheus` | a real Prometheus (Debian's package, installed on demand) scraping given targets; its HTTP API |
 | `inference_perf_env` | inference-perf (the field's load generator) in its own Python >= 3.12 venv, cached |
 
 Data: `crds/apiserver/` (CRDs installed into the real kube-apiserver) and `crds/schemas/` (the
