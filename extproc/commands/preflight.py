@@ -10,6 +10,7 @@ holding it`.
   --client-ca-file, read and parsed (extproc/transport/tls.py `check_files`).
 - `listeners`: (flag, address flag, address, port) of each listener: ext_proc (--grpc-port),
   health (--grpc-health-port), /metrics (--metrics-port, unless 0), peer sync (--sync-port, unless 0).
+- `kube_problem`: with --pool-name, the Kubernetes client configuration loads.
 - `bind_problem`: binds the address and port as the servers will (SO_REUSEADDR), then lets go.
   A port taken between this check and the servers' own bind is still reported by flag
   (extproc/config/validate.py `bind_message`, from extproc/transport/grpc_server.py and
@@ -61,9 +62,28 @@ def tls_problem(config: EppConfig) -> str | None:
     return check_files(config.cert_path if uses_cert else "", config.client_ca_file)
 
 
+def kube_problem(config: EppConfig) -> str | None:
+    """With --pool-name: whether a Kubernetes client configuration loads (--kubeconfig, KUBECONFIG,
+    the in-cluster service account or ~/.kube/config); without one discovery could never start."""
+    if not config.pool_name:
+        return None
+    from extproc.discovery.kubernetes import api_client
+
+    try:
+        api_client(config.kubeconfig).close()
+    except Exception as exc:  # kubernetes' ConfigException, or an unreadable file
+        reason = " ".join(str(exc).split())[:200]
+        return (f"--pool-name {config.pool_name}: no Kubernetes API to watch it ({reason}); run in a cluster, "
+                "or give --kubeconfig FILE (or KUBECONFIG)")
+    return None
+
+
 def check(config: EppConfig) -> None:
-    """Raise a StartupError on the first TLS file or listening port that cannot be used."""
+    """Raise a StartupError on the first TLS file, Kubernetes configuration or listening port that
+    cannot be used."""
     if problem := tls_problem(config):
+        raise StartupError(problem)
+    if problem := kube_problem(config):
         raise StartupError(problem)
     for listener in listeners(config):
         if problem := bind_problem(*listener):

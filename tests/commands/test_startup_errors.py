@@ -77,6 +77,10 @@ def test_an_unusable_config_file_or_tls_file_is_one_line(tmp_path: Path) -> None
     ca.write_text("not a certificate\n")
     assert_refused(serve("--endpoints", "127.0.0.1:8001", "--client-ca-file", str(ca)),
                    f"--client-ca-file {ca}: not a PEM CA certificate bundle")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("clusters: [\n")
+    assert_refused(serve("--pool-name", "vllm", "--kubeconfig", str(kubeconfig)),
+                   "--pool-name vllm: no Kubernetes API to watch it", "give --kubeconfig FILE")
 
 
 @pytest.fixture
