@@ -70,7 +70,7 @@ def kube_problem(config: EppConfig) -> str | None:
     from extproc.discovery.kubernetes import api_client
 
     try:
-        api_client(config.kubeconfig).close()
+        api_client(config.kubeconfig).close()  # type: ignore[no-untyped-call]
     except Exception as exc:  # kubernetes' ConfigException, or an unreadable file
         reason = " ".join(str(exc).split())[:200]
         return (f"--pool-name {config.pool_name}: no Kubernetes API to watch it ({reason}); run in a cluster, "
