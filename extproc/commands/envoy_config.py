@@ -14,11 +14,11 @@ holds a buffered body up to the listener's per-connection buffer limit, set to
   grow with the answer's length) and still sees the response end: Envoy keeps the ext_proc stream
   open until the response is complete when the trailer mode is SEND, and the stream's end
   releases the in-flight count. With BUFFERED request bodies the picker's request_headers reply
-  carries a `mode_override` asking for response headers when it explains decisions or returns
-  fallbacks (to read the served endpoint, below) and for the response body of a sampled share
-  of requests (`prefix-epp serve --usage-sample-rate`); with
+  carries a `mode_override` asking for the response headers (their status is the request's
+  outcome, and they name the endpoint that served it, below) and for the response body of a
+  sampled share of requests (`prefix-epp serve --usage-sample-rate`); with
   FULL_DUPLEX_STREAMED request bodies Envoy ignores `mode_override` and the closed loop sees no
-  responses. Skipping the response headers saves one of the exchanges of every request.
+  responses.
 - `full-duplex`: the Inference Extension's reference configuration: every response chunk makes a
   round trip through the picker (about 0.07 ms of picker CPU per streamed token, bench/overhead.py).
 - `none`: no response processing; Envoy ends the ext_proc stream once the request is forwarded,

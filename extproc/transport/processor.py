@@ -18,9 +18,10 @@ trailers SEND, response headers SKIP, response body NONE) keeps the picker off t
 its cost per request does not depend on the length of the answer.
 
     picker -> request_headers response  (+ mode_override: what of this response to send)
-    [Envoy -> response_headers          picker -> + explanation header (asked for with --explain-decisions,
-                                        or --max-endpoints > 1: a served endpoint other than the first
-                                        choice moves the accounting there)]
+    Envoy -> response_headers           picker -> + explanation header (with --explain-decisions); its
+                                        :status is the request's outcome (metrics, ejection:
+                                        extproc/control/health.py), and a served endpoint other
+                                        than the first choice moves the accounting there
     [Envoy -> response_body x K         picker -> an empty reply each (STREAMED, sampled requests only)]
     Envoy -> response_trailers          picker -> empty trailers response (only if the upstream sent some)
     stream end                          (Envoy closes the stream when the response is complete)
@@ -28,7 +29,7 @@ its cost per request does not depend on the length of the answer.
 The per-request `mode_override` in the request_headers reply (BUFFERED requests, and bodiless
 ones routed there) sets response trailers SEND, so Envoy keeps the ext_proc stream open until the
 response is complete even where the gateway statically skips trailers (Envoy Gateway); response
-headers SEND only with --explain-decisions or fallbacks (--max-endpoints > 1); the response body
+headers SEND (one message per request: the outcome); the response body
 in STREAMED mode only for the requests the usage sampler picks (the closed loop,
 extproc/control/usage.py) and for `/v1/responses` (its id: extproc/control/response_ids.py).
 Completion (in-flight release) is the response's end: a response body's end_of_stream, the
