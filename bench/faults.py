@@ -16,7 +16,8 @@ from this tree, so today's code and a change can be compared in one report. Runs
 per scenario: for each scenario, `--repeat` rounds of every arm in turn (A B A B). Flags given to
 `serve` (`--picker-arg`, default the quick start's `--explain-decisions`) and to `envoy-config`
 (`--envoy-config-arg`, default none: the tree's own defaults) are the same for every arm; write
-flag values that start with `--` as `--picker-arg=--flag`.
+flag values that start with `--` as `--picker-arg=--flag`; `{endpoints}` in them stands for the
+replicas' addresses (free ports picked at each start): `--envoy-config-arg=--endpoints={endpoints}`.
 
     python -m bench.faults [--arm before=/path/to/base --arm after=.] [--scenarios a,b] [--repeat N]
         [--before 10 --fault 10 --after 12 --picker-down 1.5 --drain-timeout 10] [--out PATH] [--logs DIR]
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.fault_scenarios import SCENARIOS, Load, Stack, Timing, run_scenario
-from bench.lib.fault_summary import RECOVERY_RUN, summarize
+from bench.lib.fault_summary import RECOVERY_RUN, ScenarioRun, summarize
 from bench.lib.report import RESULTS
 from testkit.quickstart import QUICKSTART_PICKER_ARGS, QUICKSTART_TIME_SCALE, Source
 
@@ -94,6 +95,11 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+def problems(items: list[str]) -> str:
+    """A table cell: no pipes, no line breaks."""
+    return "; ".join(" ".join(p.replace("|", "/").split()) for p in items) or "-"
+
+
 def render(data: dict[str, Any]) -> str:
     arms = ", ".join(f"`{a['label']}` = {a['root']} at {a['commit']}" for a in data["arms"])
     t, load = data["timing"], data["load"]
@@ -115,7 +121,8 @@ def render(data: dict[str, Any]) -> str:
         f"request after the last failure, when at least {RECOVERY_RUN} successes follow it; 0 when it was "
         f"sent before the end; `-` when fewer than {RECOVERY_RUN} followed (not recovered). *In flight on it*: "
         f"requests in flight at the kill routed to that replica or to no known replica. *Sent to it*: share of "
-        f"the requests sent during the fault that were answered by or attempted on the faulty replica.",
+        f"the requests sent during the fault that the faulty replica answered or, where none answered, that "
+        f"Envoy last tried on it (a try that Envoy retried elsewhere with success is not seen).",
     ]
     for scenario in data["scenarios"]:
         rows = [r for r in data["runs"] if r["scenario"] == scenario]
@@ -127,7 +134,7 @@ def render(data: dict[str, Any]) -> str:
                   "|---|---:|" + "---:|" * len(cols) + "---|"]
         for r in rows:
             lines.append(f"| {r['arm']} | {r['repetition'] + 1} | " + " | ".join(cell(r[k]) for _, k in cols)
-                         + f" | {'; '.join(r['problems']) or '-'} |")
+                         + f" | {problems(r['problems'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -186,8 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in scenarios:
             for rep in range(a.repeat):
                 for arm in arms:
-                    run = asyncio.run(run_scenario(scenario, arm, logs / f"{scenario}-{arm.label}-{rep}", timing,
-                                                   load, stack))
+                    try:
+                        run = asyncio.run(run_scenario(scenario, arm, logs / f"{scenario}-{arm.label}-{rep}",
+                                                       timing, load, stack))
+                    except (RuntimeError, TimeoutError, OSError) as exc:  # a stack that did not start
+                        run = ScenarioRun(scenario, arm.label, arm.commit(),
+                                          problems=[f"{type(exc).__name__}: {str(exc)[:300]}"])
                     row = {**summarize(run), "repetition": rep}
                     data["runs"].append(row)
                     print(json.dumps({k: row[k] for k in ("scenario", "arm", "sent", "failed", "failed_by_kind",

@@ -17,7 +17,9 @@ at a time:
   extproc`: the interpreter puts no working directory ahead of it), so two checkouts of the
   picker can be compared in front of the same simulator, which always runs from this tree.
   `envoy-config` runs as that tree's command, so its defaults (fallbacks, fail-open) are the
-  tree's own; `envoy_config_args` adds flags to it, `picker_args` to `serve`.
+  tree's own; `envoy_config_args` adds flags to it, `picker_args` to `serve`. In both,
+  `{endpoints}` stands for the replicas' addresses (`ip:port,...`), which are free ports picked
+  at start: `--endpoints={endpoints}` gives envoy-config the static endpoint list.
 
 `quickstart(tmp, source, ...)` yields a `QuickStart` once Envoy's listener accepts connections and
 the picker's readiness service answers SERVING; everything is stopped on the way out (a frozen
@@ -211,6 +213,8 @@ def quickstart(tmp: Path, source: Source = HERE, *, replicas: int = 3, time_scal
     reps = [Replica(p, replica_args(p, time_scale, rates.get(i, 0.0), sim_args), tmp / f"replica-{i}")
             for i, p in enumerate(replica_ports)]
     endpoints = ",".join(r.address for r in reps)
+    picker_args = [a.replace("{endpoints}", endpoints) for a in picker_args]
+    envoy_config_args = [a.replace("{endpoints}", endpoints) for a in envoy_config_args]
     picker = PickerProc(source, source.argv(
         "serve", "--endpoints", endpoints, "--secure-serving=false", "--grpc-port", str(grpc),
         "--grpc-health-port", str(health), "--metrics-port", str(metrics), "--bind-address", "127.0.0.1",

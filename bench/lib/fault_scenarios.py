@@ -1,7 +1,7 @@
 """One fault under steady traffic through a fresh quick-start stack (`testkit.quickstart`).
 
-`run_scenario(name, source, tmp, timing)` starts the stack with `source`'s picker, waits for one
-streamed completion to succeed end to end, starts `bench.lib.fault_traffic.Traffic`, and then:
+`run_scenario(name, source, tmp, timing)` starts the stack with `source`'s picker, waits for a
+replica to answer through it (`fault_traffic.wait_routed`), starts `bench.lib.fault_traffic.Traffic`, and then:
 
 1. warms up: at least `timing.before_s` seconds and `timing.warm_requests` successful answers;
 2. applies the fault (below), holding it as long as the scenario says;
@@ -41,9 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.lib.client import probe
 from bench.lib.fault_summary import RECOVERY_RUN, ScenarioRun, recovered_after
-from bench.lib.fault_traffic import Traffic
+from bench.lib.fault_traffic import Traffic, wait_routed
 from testkit.quickstart import QUICKSTART_PICKER_ARGS, QuickStart, Source, quickstart
 
 SCENARIOS = ("replica-kill", "replica-freeze", "replica-500", "picker-kill", "picker-sigterm")
@@ -105,12 +104,15 @@ async def run_scenario(name: str, source: Source, tmp: Path, timing: Timing = Ti
     rates = {0: 1.0} if name == "replica-500" else None
     with quickstart(tmp, source, time_scale=stack.time_scale, failure_rates=rates, sim_args=stack.sim_args,
                     picker_args=picker_args, envoy_config_args=stack.envoy_config_args) as qs:
-        await probe(qs.url)
+        await wait_routed(qs.url)
         traffic = Traffic(qs.url, clients=load.clients, rate=load.rate, max_tokens=load.max_tokens, seed=load.seed)
         stop = asyncio.Event()
         sending = asyncio.create_task(traffic.run(stop))
+        run = ScenarioRun(scenario=name)
         try:
-            run = await _drive(name, qs, traffic, timing, stop)
+            await _drive(name, qs, traffic, timing, stop, run)
+        except (RuntimeError, TimeoutError) as exc:  # a restart that failed is a result too
+            run.problems.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         finally:
             stop.set()
             outcomes = await sending
@@ -122,14 +124,14 @@ async def run_scenario(name: str, source: Source, tmp: Path, timing: Timing = Ti
     return run
 
 
-async def _drive(name: str, qs: QuickStart, traffic: Traffic, timing: Timing, stop: asyncio.Event) -> ScenarioRun:
-    """The scenario's timeline, while `traffic` runs; returns the run without its outcomes."""
-    run = ScenarioRun(scenario=name)
+async def _drive(name: str, qs: QuickStart, traffic: Traffic, timing: Timing, stop: asyncio.Event,
+                 run: ScenarioRun) -> None:
+    """The scenario's timeline, while `traffic` runs; stamps the fault on `run`."""
     addresses = [r.address for r in qs.replicas]
     if name == "replica-500":
         run.faulty, run.fault_start_s = addresses[0], 0.0
         await asyncio.sleep(timing.before_s + timing.fault_s + timing.after_s)
-        return run
+        return
     await _until(lambda: traffic.now() >= timing.before_s
                  and sum(o.ok for o in traffic.outcomes) >= timing.warm_requests,
                  timing.before_s + 60.0, "warm-up")
@@ -159,9 +161,9 @@ async def _drive(name: str, qs: QuickStart, traffic: Traffic, timing: Timing, st
             await asyncio.to_thread(qs.picker.start)
             run.fault_end_s = traffic.now()
         else:
-            return await _sigterm(qs, traffic, timing, run, stop)
+            await _sigterm(qs, traffic, timing, run, stop)
+            return
     await _after(traffic, timing, run)
-    return run
 
 
 async def _after(traffic: Traffic, timing: Timing, run: ScenarioRun) -> None:
@@ -180,7 +182,7 @@ async def _after(traffic: Traffic, timing: Timing, run: ScenarioRun) -> None:
 
 
 async def _sigterm(qs: QuickStart, traffic: Traffic, timing: Timing, run: ScenarioRun,
-                   stop: asyncio.Event) -> ScenarioRun:
+                   stop: asyncio.Event) -> None:
     run.recovers = False
     run.fault_start_s = traffic.now()
     qs.picker.terminate()
@@ -192,4 +194,3 @@ async def _sigterm(qs: QuickStart, traffic: Traffic, timing: Timing, run: Scenar
         run.problems.append(f"the picker had not exited {timing.drain_timeout_s + 15.0:.0f} s after SIGTERM")
     await asyncio.sleep(1.0)
     stop.set()
-    return run

@@ -16,8 +16,10 @@ window W = [fault_start_s, fault_end_s or end_s]:
 - `max_latency_in_fault_s`: the longest request overlapping W (a frozen replica holds its requests);
   `baseline_max_latency_s` / `baseline_p50_latency_s`: of the successful requests that ended before
   the fault (one request's time, undisturbed);
-- `to_faulty_in_fault`: the share of the requests sent inside W whose answer names a replica that
-  went to the faulty one (None without a faulty replica or such requests);
+- `to_faulty_in_fault`: of the requests sent inside W whose answer names a replica, the share that
+  names the faulty one: the replica that answered, or Envoy's last attempt when none did (an
+  attempt that Envoy retried elsewhere successfully is not seen); None without a faulty replica or
+  such requests;
 - `recovery_s` (`recovered_after`): requests in order of sending, the last failed one is found; the
   requests after it must be at least `RECOVERY_RUN` (10) successes, and the first of them was sent
   `recovery_s` after the fault's end (0 when it was sent before the end; for a fault lasting the

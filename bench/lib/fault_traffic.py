@@ -65,6 +65,26 @@ class Outcome:
         return self.end_s - self.sent_s
 
 
+async def wait_routed(url: str, attempts: int = 100, interval_s: float = 0.1) -> None:
+    """Wait until a tiny completion through `url` is answered by a replica (`x-served-by`, whatever
+    the status: a replica answering 500 on purpose still shows that the path works)."""
+    last = ""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        for i in range(attempts):
+            payload = orjson.dumps({"model": MODEL, "prompt": f"ping {i}", "max_tokens": 1})
+            try:
+                async with session.post(url + "/v1/completions", data=payload,
+                                        headers={"content-type": "application/json"}) as resp:
+                    await resp.read()
+                    if resp.headers.get("x-served-by"):
+                        return
+                    last = f"status {resp.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(interval_s)
+    raise RuntimeError(f"no replica answered through {url}: {last}")
+
+
 def _finish(choice_holder: Any) -> bool:
     choices = choice_holder.get("choices") if isinstance(choice_holder, dict) else None
     return bool(isinstance(choices, list) and choices and isinstance(choices[0], dict)
@@ -82,10 +102,10 @@ class Traffic:
     question_tokens: int = 24
     timeout_s: float = 60.0
     seed: int = 0
-    outcomes: list[Outcome] = field(default_factory=list)  # finished requests, in order of their end
-    t0: float = 0.0
-    _open: set[Outcome] = field(default_factory=set)  # sent, not finished
-    _streaming: int = 0
+    outcomes: list[Outcome] = field(default_factory=list, init=False)  # finished, in order of their end
+    t0: float = field(default=0.0, init=False)
+    _open: set[Outcome] = field(default_factory=set, init=False, repr=False)  # sent, not finished
+    _streaming: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         rng = random.Random(self.seed)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults import COLUMNS, parse_arm, render
+from bench.faults import COLUMNS, parse_arm, problems, render
 from bench.lib.fault_scenarios import SCENARIOS
 from bench.lib.fault_summary import RECOVERY_RUN, ScenarioRun, recovered_after, summarize
 from bench.lib.fault_traffic import Outcome, _read_body
@@ -115,3 +115,9 @@ def test_an_arm_must_be_a_checkout(tmp_path: Path) -> None:
     arm = parse_arm(f"after={here}")
     assert (arm.label, arm.root) == ("after", here)
     assert parse_arm(str(here)).label == here.name
+
+
+def test_problems_fit_in_a_table_cell() -> None:
+    assert problems([]) == "-"
+    assert problems(["picker exited with 1", "RuntimeError: a | b\nlog"]) == \
+        "picker exited with 1; RuntimeError: a / b log"
