@@ -1,7 +1,7 @@
 """One fault under steady traffic through a fresh quick-start stack (`testkit.quickstart`).
 
 `run_scenario(name, source, tmp, timing)` starts the stack with `source`'s picker, waits for a
-replica to answer through it (`fault_traffic.wait_routed`), starts `bench.lib.fault_traffic.Traffic`, and then:
+replica to answer through it (`fault_traffic.wait_routed`), starts `fault_traffic.Traffic`, then:
 
 1. warms up: at least `timing.before_s` seconds and `timing.warm_requests` successful answers;
 2. applies the fault (below), holding it as long as the scenario says;
