@@ -239,7 +239,7 @@ class App:
         start = time.monotonic()
         log.info("draining", extra={"open_streams": streams.open, "timeout_s": d.timeout_s,
                                     "readiness_delay_s": d.readiness_delay_s})
-        delay = min(d.readiness_delay_s, d.timeout_s)
+        delay = min(d.readiness_delay_s, d.timeout_s / 2)  # at least half the timeout left for open streams
         if not await streams.drained(d.idle_s, delay, interrupt) and not _set(interrupt):
             left = max(0.0, d.timeout_s - (time.monotonic() - start))
             closing = [asyncio.ensure_future(s.stop(left)) for s in self._servers[:1]]  # the ext_proc port

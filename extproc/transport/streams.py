@@ -3,8 +3,9 @@
 Sequence (driven by extproc/commands/serve.py, steps in `App.drain`):
 1. readiness and the ext_proc gRPC health service turn NOT_SERVING at once, so Envoy's active
    health checks and the kubelet stop sending new streams (a Service drops the pod);
-2. for `readiness_delay_s` (--drain-readiness-delay, 5 s) the ext_proc port keeps accepting
-   streams, the time it takes that readiness to propagate: a request already on its way is
+2. for `readiness_delay_s` (--drain-readiness-delay, 5 s; at most half of `timeout_s`, so the
+   streams taken meanwhile have time to end) the ext_proc port keeps accepting streams, the time
+   it takes that readiness to propagate: a request already on its way is
    routed. The delay ends early once no stream has been open for `idle_s` (1 s: nothing is
    coming); under steady traffic it runs in full;
 3. then the ext_proc port closes: a new stream is refused (the proxy fails open where configured,
