@@ -120,7 +120,7 @@ class App:
                                   cfg.model_names)
         if self.scraper is not None:
             self.scraper.on_models = self.metrics.models.learn  # engines' model names keep their label
-        self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/control/usage.py)
+        self.director.feedback = self.metrics.observe_usage  # closed loop (extproc/control/usage.py)
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
         if self.discovery is not None:

@@ -1,5 +1,6 @@
 """The Grafana dashboard queries only metrics (and labels) the picker exports, and covers the
-signals an operator needs: hit ratio, decision latency, in-flight per endpoint, 429/503, index size.
+signals an operator needs: predicted and served hit rates, decision latency, in-flight per
+endpoint, 429/503, stream ends, index size.
 
 Exported names come from the code: every metric constructor call in extproc/telemetry/*.py
 (Counter, Histogram, Gauge, Summary, *MetricFamily) with a literal name, expanded the way
@@ -121,11 +122,12 @@ def grouping_labels(expr: str) -> set[str]:
 def test_exported_metrics_are_found() -> None:
     """The scan sees the metrics the docstring of extproc/telemetry/epp.py lists."""
     for name in ("prefix_epp_requests_total", "inference_extension_scheduler_e2e_duration_seconds_bucket",
-                 "inference_extension_prefix_indexer_hit_ratio_count", "prefix_epp_inflight_requests",
+                 "prefix_epp_predicted_prefix_hit_ratio_count", "prefix_epp_inflight_requests",
                  "inference_extension_prefix_indexer_size"):
         assert name in EXPORTED, name
     assert EXPORTED["prefix_epp_requests_total"].labels == {"outcome", "status"}
     assert EXPORTED["prefix_epp_inflight_requests"].labels == {"endpoint"}
+    assert EXPORTED["prefix_epp_extproc_streams_total"].labels == {"end", "closed_by"}
 
 
 EXPRESSIONS = expressions()
@@ -154,7 +156,9 @@ def test_selector_parser_finds_bad_names() -> None:
 
 def test_dashboard_covers_the_operator_signals() -> None:
     exprs = "\n".join(EXPRESSIONS)
-    needed_all = ("inference_extension_prefix_indexer_hit_ratio_",
+    needed_all = ("prefix_epp_predicted_prefix_hit_ratio_", "prefix_epp_served_cached_prompt_tokens_total",
+                  "prefix_epp_served_prompt_tokens_total", "prefix_epp_predicted_cached_prompt_tokens_total",
+                  "prefix_epp_extproc_streams_total",
                   "inference_extension_scheduler_e2e_duration_seconds_bucket", "prefix_epp_inflight_requests",
                   'status="429"', 'status="503"', "inference_extension_prefix_indexer_size")
     for needed in needed_all:
