@@ -1,6 +1,8 @@
 """The picker's own Prometheus metrics, served on --metrics-port at /metrics.
 
-Names follow the Go EPP where a metric has an equivalent there; our own use the `prefix_epp_` prefix.
+Names follow the Go EPP where a metric has an equivalent there, except the per-decision hit ratio, which
+is named as the prediction it is; our own use the `prefix_epp_` prefix. Every family is in docs/metrics.md
+(tests/telemetry/test_metrics_doc.py).
 
 | metric | type | labels |
 |---|---|---|
