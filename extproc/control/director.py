@@ -146,7 +146,7 @@ class Director:
         self.precise = precise
         self.tokenizer = tokenizer if precise is not None else None
         self.routes_on_tokens = routes_on_tokens  # False: --kv-events alone, the precise scorer only compared
-        self.feedback: Report | None = None  # closed-loop reporter (EppMetrics.observe_cached_prediction)
+        self.feedback: Report | None = None  # closed-loop reporter (EppMetrics.observe_usage)
         self.usage_sampler = UsageSampler(config.usage_sample_rate)
         self.finishing: set[asyncio.Task[None]] = set()  # prompts keyed after their answers
         self._keying_bytes = 0  # their prompt bytes

@@ -17,8 +17,10 @@ engine block size (scraped `vllm:cache_config_info`, else the KV-event block siz
 - precise: matched blocks x B when the endpoint's events were usable at decision time; otherwise
   the precise scorer fell back to the approximate index, and so does its prediction.
 Both are computed for every sampled request when KV events are enabled (whichever scorer
-routed); without events only the approximate one. Reported per scorer: the absolute error in
-tokens (histogram) and whether it is within one block (|error| <= B).
+routed); without events only the approximate one. Reported once per response (`Report`): the
+engine's usage, which gives the served hit rate (cached / prompt tokens), and each scorer's
+prediction for it, which gives the predicted hit rate on the same responses and the absolute
+error in tokens (within one block: |error| <= B).
 
 Sampling (`UsageSampler`, `--usage-sample-rate` r): the response body reaches the picker only for
 the requests the sampler picks, because every streamed chunk the proxy sends costs a gRPC round
@@ -35,13 +37,15 @@ from dataclasses import dataclass
 import orjson
 
 TAIL_BYTES = 8192
-Report = Callable[[str, int, bool], None]  # (scorer, absolute error in tokens, within one block)
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
     prompt_tokens: int
     cached_tokens: int
+
+
+Report = Callable[[Usage, dict[str, int], int], None]  # (usage, predicted cached tokens per scorer, B)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +201,5 @@ class UsageTracker:
         if usage is None:
             return None
         out = predictions(self._prediction, usage)
-        bs = max(1, self._prediction.block_size)
-        for scorer, predicted in out.items():
-            error = abs(predicted - usage.cached_tokens)
-            self._report(scorer, error, error <= bs)
+        self._report(usage, out, max(1, self._prediction.block_size))
         return out

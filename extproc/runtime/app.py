@@ -132,7 +132,7 @@ class App:
         self.metrics.registry.register(RotationCollector(self.rotation, self.datastore))
         if self.scraper is not None:
             self.scraper.on_models = self.metrics.models.learn  # engines' model names keep their label
-        self.director.feedback = self.metrics.observe_cached_prediction  # closed loop (extproc/control/usage.py)
+        self.director.feedback = self.metrics.observe_usage  # closed loop (extproc/control/usage.py)
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
         if self.discovery is not None:

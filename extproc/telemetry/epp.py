@@ -1,6 +1,8 @@
 """The picker's own Prometheus metrics, served on --metrics-port at /metrics.
 
-Names follow the Go EPP where a metric has an equivalent there; our own use the `prefix_epp_` prefix.
+Names follow the Go EPP where a metric has an equivalent there, except the per-decision hit ratio, which
+is named as the prediction it is; our own use the `prefix_epp_` prefix. Every family is in docs/metrics.md
+(tests/telemetry/test_metrics_doc.py).
 
 | metric | type | labels |
 |---|---|---|
@@ -19,12 +21,13 @@ EPP's dashboards).
 | | | hit (true: the chosen endpoint had recorded the request's affinity key; false) -- never the key |
 | prefix_epp_extproc_messages_total | counter | kind (request_headers, request_body, ..., response_trailers) |
 | inference_extension_scheduler_e2e_duration_seconds | histogram | - (decision latency: body complete -> decision) |
-| inference_extension_prefix_indexer_hit_ratio | histogram | - (matched / total blocks of the chosen endpoint) |
+| prefix_epp_predicted_prefix_hit_ratio | histogram | - (prediction: matched / total index blocks, chosen endpoint) |
 | inference_extension_prefix_indexer_size | gauge | - ((endpoint, block) entries) |
 | prefix_epp_prefix_index_bytes | gauge | - (estimated memory of the index) |
 | prefix_epp_inflight_requests | gauge | endpoint |
 | prefix_epp_open_streams | gauge | - (ext_proc streams open now) |
-| prefix_epp_extproc_streams_total | counter | end (closed: half-closed by the proxy; reset: cancelled) |
+| prefix_epp_extproc_streams_total | counter | end (complete, reset, error), closed_by (proxy, picker): |
+| | | extproc/transport/stream_end.py |
 | prefix_epp_ignored_headers_total | counter | header (test-epp-endpoint-selection without its flag) |
 | inference_pool_ready_pods | gauge | name |
 | inference_pool_average_kv_cache_utilization | gauge | name (fresh scrapes only, as the Go EPP) |
@@ -36,6 +39,9 @@ EPP's dashboards).
 | prefix_epp_cached_tokens_prediction_error_tokens | histogram | scorer (approximate, precise): abs error, tokens |
 | prefix_epp_cached_tokens_predicted_within_one_block_total | counter | scorer (abs error <= engine block size) |
 | prefix_epp_cached_tokens_predictions_total | counter | scorer (responses that reported cached_tokens) |
+| prefix_epp_served_prompt_tokens_total | counter | - (sampled responses: the engine's prompt_tokens) |
+| prefix_epp_served_cached_prompt_tokens_total | counter | - (sampled responses: the engine's cached_tokens) |
+| prefix_epp_predicted_cached_prompt_tokens_total | counter | scorer (sampled responses: the prediction for them) |
 | prefix_epp_kv_events_* | | KV-event subscriptions and precise index (extproc/telemetry/kv_events.py) |
 | prefix_epp_endpoint_prefill_backlog_tokens, prefix_epp_endpoint_ttft_slowdown, prefix_epp_bytes_per_token | gauge | |
 | | | the predicted-TTFT model, when its scorer runs (extproc/telemetry/latency.py) |
@@ -47,7 +53,7 @@ increments counters and observes two histograms. Label children are cached per k
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -56,6 +62,7 @@ from prometheus_client.registry import Collector
 
 from extproc.config.settings import EppConfig
 from extproc.control.affinity import SOURCES
+from extproc.control.usage import Usage
 from extproc.core.datastore import Datastore
 from extproc.prefix.index import PrefixIndex
 from extproc.request.openai import Api
@@ -64,6 +71,8 @@ from extproc.telemetry.labels import ModelLabels
 
 DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+STREAM_ENDS = ("complete", "reset", "error")  # prefix_epp_extproc_streams_total{end}
+STREAM_CLOSERS = ("proxy", "picker")  # ...{closed_by}
 MESSAGE_KINDS = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
                  "response_trailers")
 ERROR_TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
@@ -158,7 +167,8 @@ class EppMetrics:
             "inference_extension_scheduler_e2e_duration_seconds", "Decision latency of the picker",
             buckets=DECISION_BUCKETS, registry=r)
         self._hit_ratio = Histogram(
-            "inference_extension_prefix_indexer_hit_ratio", "Matched share of prompt blocks on the chosen endpoint",
+            "prefix_epp_predicted_prefix_hit_ratio", "Predicted at decision time: the share of the prompt's "
+            "prefix-index blocks (--prefix-block-size bytes) the chosen endpoint holds",
             buckets=RATIO_BUCKETS, registry=r)
         self.open_streams = 0  # ext_proc streams open now (extproc/transport/grpc_server.py)
         r.register(_StateCollector(datastore, index, pool_name, metrics_staleness_s, lambda: self.open_streams))
@@ -172,6 +182,14 @@ class EppMetrics:
         self._predictions = Counter(
             "prefix_epp_cached_tokens_predictions", "Cached-token predictions compared with the response usage",
             ["scorer"], registry=r)
+        # The served hit rate, sampled responses only (--usage-sample-rate), and the prediction for them.
+        self._served_prompt = Counter("prefix_epp_served_prompt_tokens", "Prompt tokens the engines reported in "
+                                      "the usage of sampled responses", registry=r)
+        self._served_cached = Counter("prefix_epp_served_cached_prompt_tokens", "Cached prompt tokens the engines "
+                                      "reported in the usage of sampled responses", registry=r)
+        self._predicted_cached = Counter(
+            "prefix_epp_predicted_cached_prompt_tokens", "Cached prompt tokens the picker predicted for the "
+            "sampled responses, by scorer", ["scorer"], registry=r)
         self._messages = Counter("prefix_epp_extproc_messages", "ext_proc messages received from the proxy",
                                  ["kind"], registry=r)
         self._message_children = {kind: self._messages.labels(kind) for kind in MESSAGE_KINDS}
@@ -179,10 +197,11 @@ class EppMetrics:
                            "whether the chosen endpoint had recorded the key", ["source", "hit"], registry=r)
         self._affinity = {(source, hit): affinity.labels(source, str(hit).lower())
                           for source in SOURCES for hit in (False, True)}
-        streams = Counter("prefix_epp_extproc_streams", "ext_proc streams by how they ended", ["end"], registry=r)
+        streams = Counter("prefix_epp_extproc_streams", "ext_proc streams by what became of the exchange (end) and "
+                          "who closed the call (closed_by)", ["end", "closed_by"], registry=r)
         self._ignored_headers = Counter("prefix_epp_ignored_headers", "Requests carrying a control header the "
                                         "picker is configured to ignore", ["header"], registry=r)
-        self._stream_ends = (streams.labels("closed"), streams.labels("reset"))
+        self._stream_ends = {(end, by): streams.labels(end, by) for end in STREAM_ENDS for by in STREAM_CLOSERS}
         self._children: dict[tuple[object, ...], Any] = {}
         self.observe_decision: Callable[[float], None] = self._decision.observe
         self.observe_hit_ratio: Callable[[float], None] = self._hit_ratio.observe
@@ -195,9 +214,9 @@ class EppMetrics:
             self._children[full] = child
         return child
 
-    def stream_ended(self, reset: bool) -> None:
-        """One ext_proc stream ended: closed by the proxy's half-close, or reset (cancelled)."""
-        self._stream_ends[reset].inc()
+    def stream_ended(self, end: str, closed_by: str) -> None:
+        """One ext_proc stream ended (`end` in STREAM_ENDS, `closed_by` in STREAM_CLOSERS)."""
+        self._stream_ends[end, closed_by].inc()
 
     def ignored_header(self, name: str) -> None:
         """A request sent `name`, which the picker ignores (one of a fixed few: a bounded label)."""
@@ -229,13 +248,19 @@ class EppMetrics:
         if child is not None:
             child.inc()
 
-    def observe_cached_prediction(self, scorer: str, error_tokens: int, within_one_block: bool) -> None:
-        """Closed loop (extproc/control/usage.py): one response's prediction error for one scorer."""
-        self._child(self._prediction_error, (scorer,)).observe(error_tokens)
-        self._child(self._predictions, (scorer,)).inc()
-        within = self._child(self._predicted_within, (scorer,))  # exported from the first prediction on
-        if within_one_block:
-            within.inc()
+    def observe_usage(self, usage: Usage, predicted: Mapping[str, int], block_size: int) -> None:
+        """Closed loop (extproc/control/usage.py): one sampled response's usage and the cached tokens
+        each scorer predicted for it; an error within one engine block counts as within."""
+        self._served_prompt.inc(usage.prompt_tokens)
+        self._served_cached.inc(usage.cached_tokens)
+        for scorer, tokens in predicted.items():
+            error = abs(tokens - usage.cached_tokens)
+            self._child(self._predicted_cached, (scorer,)).inc(tokens)
+            self._child(self._prediction_error, (scorer,)).observe(error)
+            self._child(self._predictions, (scorer,)).inc()
+            within = self._child(self._predicted_within, (scorer,))  # exported from the first prediction on
+            if error <= block_size:
+                within.inc()
 
     def error(self, model: str, target_model: str, code: str, status: int) -> None:
         model, target_model = self.models.label(model), self.models.label(target_model)

@@ -11,7 +11,8 @@ port and the kernel spreads connections over them; `health_port` 0 serves no sep
 The servicer reads and writes the stream through `Call` (extproc/transport/call.py), which ends
 it without leaving grpc.aio's native memory behind whether the proxy resets finished streams or
 closes them gracefully; `python -m bench.stream_ends` measures both ways
-(bench/results/stream-ends.md)."""
+(bench/results/stream-ends.md). Each stream's end is counted by what became of the exchange and by
+who closed the call (extproc/transport/stream_end.py)."""
 
 from __future__ import annotations
 
@@ -59,18 +60,18 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         processor = StreamProcessor(self._director, self._metrics, self._explain, self._budget)
         self._streams.opened()
         self._metrics.open_streams += 1
-        reset = True  # until the proxy's half-close ends the requests: a reset (or a fault)
+        closed_by = "proxy"  # until the proxy's half-close ends the requests: a reset (or a fault)
         call = Call(context, self._end_wait)
         try:
             async for resp in processor.run(call):
                 await call.write(resp)
                 del resp
             await call.finish()  # the proxy's end, after the response's end was accounted (call.py)
-            reset = False
+            closed_by = "picker"
         finally:
             self._streams.closed()
             self._metrics.open_streams -= 1
-            self._metrics.stream_ended(reset)
+            self._metrics.stream_ended(processor.stream_end.end, closed_by)
 
 
 async def start_servers(

@@ -79,6 +79,7 @@ from extproc.transport.body_budget import BodyBudget
 from extproc.transport.body_intake import BodyIntake
 from extproc.transport.control_headers import read_control_headers
 from extproc.transport.lb_metadata import response_status, served_endpoint, subset_hint
+from extproc.transport.stream_end import StreamEnd
 
 if TYPE_CHECKING:
     from extproc.control.response_ids import ResponseWatch
@@ -98,7 +99,7 @@ _refused_modes_logged: set[int] = set()
 class StreamProcessor:
     __slots__ = ("_director", "_endpoint", "_headers_seen", "_intake", "_metrics", "_model",
                  "_new_request_id", "_request_mode", "_response_mode", "_session_header", "_status",
-                 "_test_selection", "_usage", "ctx", "decision")
+                 "_test_selection", "_usage", "ctx", "decision", "stream_end")
 
     def __init__(self, director: Director, metrics: EppMetrics, explain: bool,
                  budget: BodyBudget | None = None) -> None:
@@ -118,6 +119,7 @@ class StreamProcessor:
         self._status = 0  # the response's HTTP status, once its headers came (0: none yet)
         self._session_header = header_to_read(cfg.affinity)  # "": no header name is empty
         self._test_selection = cfg.test_endpoint_selection
+        self.stream_end = StreamEnd()  # how the stream ended, for its metric (extproc/transport/stream_end.py)
 
     async def run(self, requests: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator[pb.ProcessingResponse]:
         """The exchange, guarded: an unexpected exception ends the stream with a 500, never a gRPC error."""
@@ -146,6 +148,7 @@ class StreamProcessor:
                     yield self._refuse_body(self._intake.timed_out())
                     return
                 out = await self._handle(msg)
+                self.stream_end.handled(msg)
                 del msg
                 out.reverse()  # popped from the end: each reply is dropped once it is sent
                 while out:
@@ -194,6 +197,7 @@ class StreamProcessor:
         """Envoy sends its processing modes once, with the first message of the stream."""
         self._request_mode = cfg.request_body_mode
         self._response_mode = cfg.response_body_mode
+        self.stream_end.reads_response = cfg.response_body_mode != _NONE
 
     # -- request path ------------------------------------------------------------------------
     def on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -232,6 +236,8 @@ class StreamProcessor:
             # and they say which of several endpoints served it.
             body = ctx.sampled or self._director.learns_response_id(ctx)  # usage sample, response id
             R.override_response_mode(resp, self._request_mode, headers=True, body=body)
+            if self._request_mode == _BUFFERED:  # honoured: the response body comes, or not, as asked
+                self.stream_end.reads_response = bool(body)
         return [resp]
 
     def _refuse_mode(self) -> pb.ProcessingResponse:
@@ -326,6 +332,7 @@ class StreamProcessor:
         return R.routed_headers(ep.key, None, self._new_request_id, buffered=False)
 
     def _error(self, err: EppError) -> pb.ProcessingResponse:
+        self.stream_end.refused()
         parsed = self.ctx.parsed
         model = parsed.model if parsed is not None else self._model
         self._metrics.error(model, model, err.code.value, err.http_status)
@@ -339,6 +346,7 @@ class StreamProcessor:
         message (it may quote the prompt), and a 500 that names the request id."""
         self._intake.release()
         self._complete()
+        self.stream_end.failed = True
         rid = self.ctx.request_id or self._director.new_request_id()
         self.ctx.request_id = rid
         log.error("internal error", extra={"request_id": rid, "exception": type(exc).__name__,

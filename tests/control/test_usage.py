@@ -79,11 +79,11 @@ def test_predictions_per_scorer() -> None:
     fallback = Prediction(16, 1000, 1600, None, True)  # events unusable: precise predicts as approximate
     assert predictions(fallback, usage) == {"approximate": 240, "precise": 240}
     assert predictions(Prediction(16, 1000, 1600, None, False), usage) == {"approximate": 240}
-    reports: list[tuple[str, int, bool]] = []
+    reports: list[tuple[Usage, dict[str, int], int]] = []
     tracker = UsageTracker(p, lambda *r: reports.append(r))
     tracker.feed(sse(400, 384))
     assert tracker.finish() == {"approximate": 240, "precise": 384}
-    assert reports == [("approximate", 144, False), ("precise", 0, True)]
+    assert reports == [(usage, {"approximate": 240, "precise": 384}, 16)]  # once per response
 
 
 def response_headers() -> pb.ProcessingRequest:

@@ -160,8 +160,8 @@ async def test_fresh_picker_replaces_one_during_traffic_warm_and_without_failure
                     await asyncio.to_thread(c.stop)
     assert all(s == 200 for s, _, _ in warm + fresh + during)
     assert value(c_first, "prefix_epp_sync_snapshot_entries_loaded_total") > 0
-    seen = value(c_first, "inference_extension_prefix_indexer_hit_ratio_count")
-    cold = value(c_first, "inference_extension_prefix_indexer_hit_ratio_bucket", le="0.5")
+    seen = value(c_first, "prefix_epp_predicted_prefix_hit_ratio_count")
+    cold = value(c_first, "prefix_epp_predicted_prefix_hit_ratio_bucket", le="0.5")
     assert seen >= 2 and cold == 0, (seen, cold)  # its first decisions already matched the warm prefixes
     assert hit_rate(fresh) > 0.8 and hit_rate(during) > 0.8
 

@@ -3,7 +3,8 @@
 Default wiring: only the response's headers (its status) and its end reach the picker (trailers,
 or the stream's end), not its body chunks; the in-flight count lasts until the response's true end. The
 picker asks for the response body of the requests its usage sampler picks (mode_override), and
-only those feed the closed loop.
+only those feed the closed loop: the served hit rate and the prediction for it. How each stream's
+end is counted (`end`, `closed_by`) for finished streams and for clients that leave.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -30,6 +32,12 @@ SIM = SimConfig(time_scale=4.0, kv_events=False)
 
 def messages(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], kind: str) -> float:
     return value(samples, "prefix_epp_extproc_messages_total", kind=kind)
+
+
+def ends(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[tuple[str, str], float]:
+    """prefix_epp_extproc_streams_total by (end, closed_by), the series counted so far."""
+    return {(dict(labels)["end"], dict(labels)["closed_by"]): v for (name, labels), v in samples.items()
+            if name == "prefix_epp_extproc_streams_total" and v}
 
 
 def inflight(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> float:
@@ -74,9 +82,8 @@ async def test_streamed_answer_passes_by_the_picker_which_still_sees_its_end(tmp
         assert messages(after, "response_body") == 0  # not one of the ~200 chunks went through the picker
         assert messages(after, "response_headers") == 1  # its status: the request's outcome
         assert messages(after, "request_headers") == 1
-        # The stream ended (Envoy's half-close and reset: test_a_proxy_that_resets_... below).
-        await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed")
-                    + value(m, "prefix_epp_extproc_streams_total", end="reset") == 1)
+        # The stream ended complete (Envoy's half-close and reset: test_a_proxy_that_resets_... below).
+        await until(picker, lambda m: ends(m) == {("complete", "proxy"): 1})
 
 
 async def test_sampled_responses_feed_the_closed_loop_and_the_others_skip_the_picker(tmp_path: Path) -> None:
@@ -103,7 +110,7 @@ async def test_sampled_responses_feed_the_closed_loop_and_the_others_skip_the_pi
         assert bodies[3] > bodies[2] and predictions[3] == 2
 
 
-async def test_a_proxy_that_resets_finished_streams_sees_them_counted_as_resets(tmp_path: Path) -> None:
+async def test_a_proxy_that_resets_finished_streams_closes_them_and_they_count_complete(tmp_path: Path) -> None:
     # The generated config: Envoy's reset follows its half-close; the picker lets it cancel the
     # stream rather than answer the half-close with a status (grpc.aio keeps a failed status
     # batch's native memory: extproc/transport/call.py). Refused requests too: after its
@@ -123,13 +130,14 @@ async def test_a_proxy_that_resets_finished_streams_sees_them_counted_as_resets(
 
         assert await asyncio.gather(*(one(i) for i in range(40))) == [200] * 40
         assert await asyncio.gather(*(refused(i) for i in range(20))) == [400] * 20
-        ended = await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed")
-                            + value(m, "prefix_epp_extproc_streams_total", end="reset") == 60 and inflight(m) == 0)
+        ended = await until(picker, lambda m: sum(ends(m).values()) == 60 and inflight(m) == 0)
+        # Every one was answered, routed or refused: complete, whoever closed the call.
+        assert {end for end, _ in ends(ended)} == {"complete"}
         # A reset reaches its stream within the picker's 50 ms wait after the half-close unless its
-        # event loop lags longer (then the stream ends as a half-close did); without the wait none
-        # counts as reset, with 3 event-loop turns instead 34 of 40 did on a loaded 2-core machine,
-        # and a refused stream was closed by the picker before Envoy's reset.
-        assert value(ended, "prefix_epp_extproc_streams_total", end="reset") >= 54
+        # event loop lags longer (then the picker closes the stream as after a graceful half-close);
+        # without the wait none was closed by the proxy, with 3 event-loop turns instead 34 of 40 were
+        # on a loaded 2-core machine, and a refused stream was closed by the picker before Envoy's reset.
+        assert ends(ended).get(("complete", "proxy"), 0) >= 54
 
 
 async def test_with_the_graceful_close_the_picker_closes_each_stream(tmp_path: Path) -> None:
@@ -140,5 +148,72 @@ async def test_with_the_graceful_close_the_picker_closes_each_stream(tmp_path: P
             async with s.post(url, json=body) as resp:
                 assert resp.status == 200
                 await resp.read()
-        ended = await until(picker, lambda m: value(m, "prefix_epp_extproc_streams_total", end="closed") == 3)
-        assert value(ended, "prefix_epp_extproc_streams_total", end="reset") == 0
+        await until(picker, lambda m: ends(m) == {("complete", "picker"): 3})
+
+
+async def leave_mid_response(url: str) -> None:
+    """A streamed completion whose client reads 10 chunks, then closes its connection."""
+    async with aiohttp.ClientSession() as s:
+        body = {"model": "sim-model", "prompt": "Tell a long story. " * 20, "max_tokens": 200, "stream": True}
+        async with s.post(url, json=body) as resp:
+            assert resp.status == 200
+            n = 0
+            async for line in resp.content:
+                n += line.startswith(b"data: ")
+                if n == 10:
+                    break
+            resp.close()  # the connection is dropped, the ~190 chunks left unread
+
+
+async def start_upload(url: str) -> asyncio.StreamWriter:
+    """A request of which the client sent its headers and part of its body; the caller closes it."""
+    _, writer = await asyncio.open_connection("127.0.0.1", urlsplit(url).port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b'content-length: 1000\r\n\r\n{"model": "sim-model", "prompt": "cut')
+    await writer.drain()
+    return writer
+
+
+async def test_stream_ends_for_clients_that_leave_as_envoy_shows_them_to_the_picker(tmp_path: Path) -> None:
+    # Envoy ends the ext_proc stream the same way (half-close, reset) when a response completes and
+    # when its client leaves mid-response: only a response body the picker reads tells them apart.
+    async with sim_stack(tmp_path, "--usage-sample-rate", "0.5") as (picker, url):
+        await leave_mid_response(url)  # not sampled: the picker does not see the response
+        await until(picker, lambda m: ends(m).get(("complete", "proxy"), 0) == 1 and inflight(m) == 0)
+        await leave_mid_response(url)  # sampled: its body comes to the picker, and its end does not
+        await until(picker, lambda m: ends(m).get(("reset", "proxy"), 0) == 1 and inflight(m) == 0)
+        writer = await start_upload(url)
+        # The picker reads the headers, then waits for the body: the client leaves before its end.
+        await until(picker, lambda m: messages(m, "request_headers") == 3)
+        writer.close()
+        await writer.wait_closed()
+        m = await until(picker, lambda m: ends(m).get(("reset", "proxy"), 0) == 2)
+        assert ends(m) == {("complete", "proxy"): 1, ("reset", "proxy"): 2}
+        assert messages(m, "response_body") > 0  # the sampled one's chunks up to the client's leaving
+
+
+async def test_served_hit_rate_counts_the_engines_usage_beside_the_prediction(tmp_path: Path) -> None:
+    async with sim_stack(tmp_path, "--usage-sample-rate", "1") as (picker, url), aiohttp.ClientSession() as s:
+        usages = []
+        for i in range(3):
+            # The same long prefix each time: the simulated engine caches it after the first request.
+            body = {"model": "sim-model", "prompt": "shared context " * 60 + f"question {i}", "max_tokens": 4,
+                    "stream": i == 2, "stream_options": {"include_usage": True}}
+            async with s.post(url, json=body) as resp:
+                assert resp.status == 200
+                if i < 2:
+                    usages.append((await resp.json())["usage"])
+                else:
+                    events = [line[6:].strip() async for line in resp.content if line.startswith(b"data: {")]
+                    usages.append(orjson.loads(events[-1])["usage"])  # the include_usage chunk
+        prompt = sum(u["prompt_tokens"] for u in usages)
+        cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+        assert cached > 0 and usages[0]["prompt_tokens_details"]["cached_tokens"] == 0
+        m = await until(picker, lambda m: value(m, "prefix_epp_cached_tokens_predictions_total",
+                                                scorer="approximate") == 3)
+        assert value(m, "prefix_epp_served_prompt_tokens_total") == prompt
+        assert value(m, "prefix_epp_served_cached_prompt_tokens_total") == cached
+        # The prediction for the same responses: nothing for the first (cold), the shared prefix after.
+        predicted = value(m, "prefix_epp_predicted_cached_prompt_tokens_total", scorer="approximate")
+        assert 0 < predicted <= prompt - usages[0]["prompt_tokens"]
+        assert value(m, "prefix_epp_predicted_prefix_hit_ratio_count") == 3

@@ -168,9 +168,11 @@ def test_generation_longer_than_ten_seconds_ends_intact(rig: EnvoyGatewayRig) ->
     assert open_late == 1.0  # the ext_proc stream was still open after 10 s
     after = settled(rig)
     name = "prefix_epp_extproc_streams_total"
-    ends = {end: sum(metric(a, name, end=end) - metric(b, name, end=end) for a, b in zip(after, before, strict=True))
-            for end in ("closed", "reset")}
-    assert ends == {"closed": 1.0, "reset": 0.0}, ends
+    ends = {(end, by): sum(metric(a, name, end=end, closed_by=by) - metric(b, name, end=end, closed_by=by)
+                           for a, b in zip(after, before, strict=True))
+            for end in ("complete", "reset") for by in ("picker", "proxy")}
+    assert ends == {("complete", "picker"): 1.0, ("complete", "proxy"): 0.0, ("reset", "picker"): 0.0,
+                    ("reset", "proxy"): 0.0}, ends
 
 
 def test_streams_spread_over_both_pickers_and_none_is_reset(rig: EnvoyGatewayRig) -> None:
@@ -181,10 +183,11 @@ def test_streams_spread_over_both_pickers_and_none_is_reset(rig: EnvoyGatewayRig
             model="tiny", prompt=f"request {i}", max_tokens=1).http_response.status_code, range(400)))
     assert codes == [200] * 400
     after = settled(rig)
-    closed = [metric(a, "prefix_epp_extproc_streams_total", end="closed")
-              - metric(b, "prefix_epp_extproc_streams_total", end="closed") for a, b in zip(after, before, strict=True)]
-    reset = [metric(a, "prefix_epp_extproc_streams_total", end="reset")
-             - metric(b, "prefix_epp_extproc_streams_total", end="reset") for a, b in zip(after, before, strict=True)]
+    name = "prefix_epp_extproc_streams_total"
+    closed = [metric(a, name, end="complete", closed_by="picker") - metric(b, name, end="complete", closed_by="picker")
+              for a, b in zip(after, before, strict=True)]
+    reset = [metric(a, name, closed_by="proxy", end="complete") - metric(b, name, closed_by="proxy", end="complete")
+             for a, b in zip(after, before, strict=True)]
     assert sum(closed) == 400 and reset == [0.0, 0.0], (closed, reset)
     assert min(closed) >= 40, f"streams per picker: {closed}"
 
@@ -207,10 +210,12 @@ def test_picker_memory_stays_flat_over_thousands_of_requests(rig: EnvoyGatewayRi
 
     assert burst(1000, "warm") == [200] * 1000
     start = [rss_kib(p) for p in rig.picker_pods]
-    resets0 = sum(metric(scrape(rig, p), "prefix_epp_extproc_streams_total", end="reset") for p in rig.picker_pods)
+    resets0 = sum(metric(scrape(rig, p), "prefix_epp_extproc_streams_total", end="complete", closed_by="proxy")
+                  for p in rig.picker_pods)
     assert burst(3000, "warm") == [200] * 3000
     end = [rss_kib(p) for p in rig.picker_pods]
-    resets = sum(metric(scrape(rig, p), "prefix_epp_extproc_streams_total", end="reset") for p in rig.picker_pods)
+    resets = sum(metric(scrape(rig, p), "prefix_epp_extproc_streams_total", end="complete", closed_by="proxy")
+                 for p in rig.picker_pods)
     assert resets == resets0 == 0
     # ~1,500 streams per picker: the leak the flag fixes (~160 B/stream) would be small, so the bound
     # is a growth far below what any per-stream retention of the stream's messages would add.
