@@ -44,7 +44,7 @@ from extproc.config.flag_kinds import (
     value_at,
     with_value,
 )
-from extproc.config.settings import NEW_PREFIX_PLACEMENTS, SCHEDULERS, EppConfig
+from extproc.config.settings import ABLATIONS, NEW_PREFIX_PLACEMENTS, SCHEDULERS, EppConfig
 
 __all__ = ["BOOL", "DURATION", "ENDPOINTS", "FLAGS", "FLOAT", "HEADER", "INT", "LIST", "TEXT", "Flag", "Kind", "Range",
            "add_arguments", "choice", "config_from_args", "render_markdown", "value_at", "with_value"]
@@ -170,6 +170,9 @@ FLAGS: tuple[Flag, ...] = (
          "learn each endpoint's slowdown from its vllm:time_to_first_token_seconds histogram (else from the "
          "response ends)",
          parameters=(_TTFT + "calibrate",)),
+    Flag("--ablate", "latency.ablate", LIST, SCHEDULING,
+         "benchmark only, never in production: predicted-ttft mechanisms to turn off, each replaced by the "
+         "simplest behaviour (docs/ablation.md): " + ", ".join(ABLATIONS)),
     Flag("--affinity-hints", "affinity.enabled", BOOL, SCHEDULING,
          "treat requests with the same prompt_cache_key (else the same --session-header value) as sharing a "
          "prefix; keys are only hashed, never logged"),

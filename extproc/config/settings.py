@@ -85,6 +85,19 @@ class CacheAwareConfig:
 
 SCHEDULERS = ("predicted-ttft", "weighted", "cache-aware")  # built-in profiles (extproc/scheduling/build.py)
 NEW_PREFIX_PLACEMENTS = ("homes", "churn")  # LatencyConfig.new_prefix_placement
+# Mechanisms of the default path that LatencyConfig.ablate (--ablate, benchmark only) turns off, each
+# restoring the simplest behaviour in its place (docs/ablation.md says which, and where each lives).
+ABLATIONS = (
+    "idle-bound", "waiting-floor", "finish-drain", "decode-contention",  # the backlog (latency.py)
+    "bytes-per-token", "bpt-rescale", "calibration-median", "capacity-window-guard",  # calibration.py
+    "pool-calibration", "response-end-calibration",
+    "first-token-bound", "first-token-twice", "first-token-slot-guard", "first-token-capacity-guard",
+    "first-token-readable", "first-token-step-share", "first-token-floor",  # first_token.py
+    "slot-wait", "slot-ages", "slot-ceiling", "pool-limit",  # slots.py
+    "family-memory", "homes-placement", "fresh-tail-placement", "bounded-reuse", "new-prompt-bound",
+    "whole-match", "kv-usage-fullness", "capacity-auto-tune",  # scorers/predicted_ttft.py
+    "pins",  # scheduler.py, prefix/generations.py
+)
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,8 @@ class LatencyConfig:
     # Engines from 10x faster to 50x slower than the prior (a CPU build, an old GPU, a 70B model).
     min_slowdown: float = 0.1
     max_slowdown: float = 50.0
+    # Benchmark only (--ablate): ABLATIONS names of mechanisms turned off, for measuring what each pays.
+    ablate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extproc.config.flags import FLAGS, value_at
-from extproc.config.settings import MIN_SCORED_ENDPOINTS, EppConfig
+from extproc.config.settings import ABLATIONS, MIN_SCORED_ENDPOINTS, EppConfig
 
 
 class StartupError(SystemExit):
@@ -124,6 +124,8 @@ def check(config: EppConfig) -> list[str]:
         problems.append(f"--max-scored-endpoints must be 0 (score every candidate) or >= {MIN_SCORED_ENDPOINTS} "
                         f"(room for the prompt's holders, the least waiting and a sample), "
                         f"got {config.max_scored_endpoints}")
+    if unknown := [name for name in config.latency.ablate if name not in ABLATIONS]:
+        problems.append(f"--ablate: unknown mechanism {', '.join(unknown)}; known: {', '.join(ABLATIONS)}")
     if not valid_header_name(config.affinity.session_header):
         problems.append(f"--session-header must be an HTTP header name (letters, digits, - and the other "
                         f"token characters) or empty, got {config.affinity.session_header!r}")

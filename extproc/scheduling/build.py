@@ -147,6 +147,7 @@ def build_scheduler(config: EppConfig, index: PrefixIndex, profile: Profile | No
         max_endpoints=config.max_endpoints,
         precise=precise,
         shortlist=Shortlist(config.max_scored_endpoints, random.Random(config.seed)),
+        pin="pins" not in config.latency.ablate,
     )
 
 

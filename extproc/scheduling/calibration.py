@@ -101,6 +101,11 @@ class Calibration:
     bytes_per_token: float
     pool_limit: float
     pool_version: int
+    bpt_rescale: bool  # the switches of --ablate (latency.py)
+    median: bool
+    window_guard: bool
+    pool_calibration: bool
+    pool_limit_on: bool
     _bpt_windows: int
     _pool_slowdown: float
     _work: dict[str, EndpointWork]
@@ -140,7 +145,7 @@ class Calibration:
         to dilute it."""
         self.bytes_per_token = after
         r = before / after
-        if r == 1.0:
+        if r == 1.0 or not self.bpt_rescale:
             return
         self.pool_version += 1
         for w in self._work.values():
@@ -183,7 +188,7 @@ class Calibration:
         engine, spared from then on, closed no window to correct it; its twin took every new
         conversation. A median needs a second such window to move."""
         w.window_ratios.append(ratio)  # a deque of RATIO_WINDOWS: the oldest drops out
-        w.slowdown = self._clamped(statistics.median(w.window_ratios))
+        w.slowdown = self._clamped(statistics.median(w.window_ratios) if self.median else ratio)
         w.calibration_source = source
         self._share_calibration()
 
@@ -193,6 +198,8 @@ class Calibration:
     def _share_limits(self) -> None:
         """The pool's admission limit: the median of those shown (slots.py); run when one changes,
         so its O(endpoints) is paid at a saturated scrape, not per request."""
+        if not self.pool_limit_on:
+            return
         known = sorted(w.slots.limit for w in self._work.values() if w.slots.limit > 0)
         limit = known[len(known) // 2] if known else -1.0
         if limit != self.pool_limit:
@@ -203,7 +210,7 @@ class Calibration:
         """Endpoints not calibrated themselves take the pool's slowdown (module docstring); run once
         per calibration window, so its O(endpoints) is off the per-request path."""
         known = [w.slowdown for w in self._work.values() if w.calibration_source in CALIBRATED]
-        if not known:
+        if not known or not self.pool_calibration:
             return
         self._pool_slowdown = math.exp(sum(math.log(x) for x in known) / len(known))
         pool = self._pool_slowdown
@@ -226,13 +233,12 @@ class Calibration:
         ratios.clear()
         self._move_slowdown(w, self._window_ratio(w, median), "response-ends")
 
-    @staticmethod
-    def _window_ratio(w: EndpointWork, ratio: float) -> float:
+    def _window_ratio(self, w: EndpointWork, ratio: float) -> float:
         """A closing window's observed / predicted ratio, as far as it proves anything: where a
         scrape during it showed a capacity queue, its requests may have waited for KV blocks or a
         slot that no prediction charged, so it is an upper bound on the engine's slowdown (it may
         lower it, not raise it)."""
         if w.saturated_window:
             w.saturated_window = False
-            return min(ratio, w.slowdown)
+            return min(ratio, w.slowdown) if self.window_guard else ratio
         return ratio

@@ -87,10 +87,14 @@ MAX_AWAITING = 1024  # own requests remembered per endpoint (the oldest are drop
 
 
 class FirstTokenWait:
-    __slots__ = ("_awaiting", "_base_count", "_ended", "_pending", "_slot_queue_at", "_twice")
+    __slots__ = ("_awaiting", "_base_count", "_ended", "_pending", "_readable_guard", "_slot_guard", "_slot_queue_at",
+                 "_twice")
 
-    def __init__(self, twice: bool = True) -> None:
+    def __init__(self, twice: bool = True, slot_guard: bool = True, readable_guard: bool = True) -> None:
         self._twice = twice  # False: a bound is taken at the first scrape that draws it
+        # False (--ablate): a request that may have waited for a slot, or whose prediction is
+        # mostly fixed cost, still draws a bound (the guards below).
+        self._slot_guard, self._readable_guard = slot_guard, readable_guard
         self._pending = 0.0  # the bound the previous scrape drew above the slowdown; 0: none
         # token -> (routed at s, base ms, slot wait ms, uncached tokens, maybe queued for a slot,
         # readable: its lateness would be prefill speed), oldest first.
@@ -175,9 +179,9 @@ class FirstTokenWait:
         oldest = entries[:served + 1]
         since = self._slot_queue_at
         # A guarded scrape proves nothing either way: it neither draws a bound nor ends a pair.
-        if capacity or any(e[4] and (queue or e[0] <= since) for e in oldest):
+        if capacity or (self._slot_guard and any(e[4] and (queue or e[0] <= since) for e in oldest)):
             confirmed = 0.0  # one of them may be waiting, or have waited, for a slot: no proof of slowness
-        elif not all(e[5] for e in oldest):
+        elif self._readable_guard and not all(e[5] for e in oldest):
             confirmed = 0.0  # one of them may be late by a fixed cost: no proof of slow prefill
         else:
             bound = math.inf

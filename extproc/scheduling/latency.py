@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from extproc.config.settings import LatencyConfig
+from extproc.config.settings import ABLATIONS, LatencyConfig
 from extproc.core.datastore import Endpoint, ModelServerMetrics
 from extproc.scheduling.calibration import Calibration
 from extproc.scheduling.endpoint_work import ALPHA, CHURN_HALF_LIFE_S, EndpointWork
+from extproc.scheduling.first_token import FirstTokenWait
 from extproc.scheduling.interfaces import Routing
 from extproc.scheduling.load import endpoint_load
 from extproc.scheduling.slots import SlotState
@@ -74,6 +76,23 @@ class LatencyModel(Calibration):
             raise ValueError("latency: prefill_ms_per_token and step_tokens must be positive")
         if not 0 < config.min_slowdown <= 1 <= config.max_slowdown:
             raise ValueError("latency: min_slowdown must be in (0, 1] and max_slowdown >= 1")
+        if unknown := [name for name in config.ablate if name not in ABLATIONS]:
+            raise ValueError(f"latency: unknown ablation {', '.join(unknown)}; known: {', '.join(ABLATIONS)}")
+        # Benchmark-only switches (--ablate, docs/ablation.md), read once here: each True is the default.
+        off = set(config.ablate)
+        self.idle_bound, self.waiting_floor = "idle-bound" not in off, "waiting-floor" not in off
+        self.finish_drain, self.learn_bpt = "finish-drain" not in off, "bytes-per-token" not in off
+        self.bpt_rescale, self.median = "bpt-rescale" not in off, "calibration-median" not in off
+        self.window_guard, self.pool_calibration = "capacity-window-guard" not in off, "pool-calibration" not in off
+        self.end_calibration, self.first_bound = "response-end-calibration" not in off, "first-token-bound" not in off
+        self.first_capacity_guard = "first-token-capacity-guard" not in off
+        self.first_step_share, self.first_floor = "first-token-step-share" not in off, "first-token-floor" not in off
+        self.pool_limit_on = "pool-limit" not in off
+        self._first_args = ("first-token-twice" not in off, "first-token-slot-guard" not in off,
+                            "first-token-readable" not in off)
+        self._slot_args = ("slot-wait" not in off, "slot-ages" not in off, "slot-ceiling" not in off)
+        if "decode-contention" in off:
+            config = replace(config, decode_ms_per_seq=0.0)
         self.config = config
         self.bytes_per_token = bytes_per_token
         self._bpt_windows = 0  # bytes-per-token windows measured so far (pool-wide)
@@ -89,6 +108,10 @@ class LatencyModel(Calibration):
         # Endpoints whose state a single-endpoint call changed (a request routed, answered,
         # moved) since the queue ranking last read them; bounded by the states kept.
         self.touched: set[str] = set()
+
+    def _slots(self) -> SlotState:
+        waits, ages, ceiling = self._slot_args
+        return SlotState(waits=waits, ages=ages, ceiling=ceiling)
 
     # -- per-endpoint state ------------------------------------------------------------------
     def work(self, ep: Endpoint, now: float) -> EndpointWork:
@@ -107,7 +130,9 @@ class LatencyModel(Calibration):
         for ep in endpoints:
             w = states.get(ep.key)
             if w is None:
-                w = states[ep.key] = EndpointWork(updated_at=now, slowdown=self._pool_slowdown)
+                w = states[ep.key] = EndpointWork(updated_at=now, slowdown=self._pool_slowdown,
+                                                  slots=self._slots(),
+                                                  first=FirstTokenWait(*self._first_args))
                 if self._pool_slowdown != 1.0:
                     w.calibration_source = "pool"
             if now > w.updated_at:
@@ -142,16 +167,19 @@ class LatencyModel(Calibration):
         if w.slots.peak_running > self.pool_peak_running:
             self.pool_peak_running = w.slots.peak_running
         if m.waiting <= 0 and m.running <= 0:
-            w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
-            w.routed_backlog = min(w.routed_backlog, w.backlog)
-        elif m.waiting > 0:
+            if self.idle_bound:
+                w.backlog = min(w.backlog, w.routed_tokens_since_scrape + w.routed_tokens_before)
+                w.routed_backlog = min(w.routed_backlog, w.backlog)
+        elif m.waiting > 0 and self.waiting_floor:
             w.backlog = max(w.backlog, m.waiting * w.mean_uncached)
         w.routed_tokens_before, w.routed_tokens_since_scrape = w.routed_tokens_since_scrape, 0.0
-        if m.prompt_tokens >= 0 and m.ttft_count >= 0:
+        if m.prompt_tokens >= 0 and m.ttft_count >= 0 and self.learn_bpt:
             self._learn_bytes_per_token(w, m.prompt_tokens, m.ttft_count)
         if self.config.calibrate and m.ttft_count >= 0:
             # After bytes per token: a window that measured it reads its predictions rescaled to it.
             self._calibrate(w, m.ttft_sum_s, m.ttft_count)
+            if not self.first_bound:
+                return
             # First tokens overdue (first_token.py): at least this slow, unless a late one may
             # have waited for a slot rather than for prefill.
             c = self.config
@@ -159,11 +187,15 @@ class LatencyModel(Calibration):
             # routed before it may have waited for a slot, admitted or not by a later scrape.
             slot_queue = m.waiting > 0 and w.slots.may_wait(m.running, self.pool_limit)
             late, unfinished = w.first.observe(m.ttft_count, m.updated_at, w.slowdown, queue=m.waiting > 0,
-                                               step_tokens=c.step_tokens, ms_per_token=c.prefill_ms_per_token,
-                                               capacity=capacity, slot_queue=slot_queue)
+                                               step_tokens=c.step_tokens if self.first_step_share else 0,
+                                               ms_per_token=c.prefill_ms_per_token,
+                                               capacity=capacity and self.first_capacity_guard,
+                                               slot_queue=slot_queue)
             if late is not None:
                 w.slowdown, w.calibration_source = self._clamped(late), "first-token-wait"
                 self._share_calibration()
+            if not self.first_floor:
+                return
             w.backlog = max(w.backlog, unfinished)
             w.routed_backlog = max(w.routed_backlog, min(unfinished, w.backlog))
 
@@ -269,7 +301,8 @@ class LatencyModel(Calibration):
         w.first.remove(routing.token)
         w.slots.finished(elapsed_ms, routing.wait_ms)
         m = ep.metrics
-        if self.config.calibrate and routing.decode_ms >= 0 and (m is None or m.ttft_count < 0):
+        if (self.config.calibrate and self.end_calibration and routing.decode_ms >= 0
+                and (m is None or m.ttft_count < 0)):
             self._calibrate_from_end(w, elapsed_ms, routing)
 
     def routed(self, ep: Endpoint, uncached: float, base_ms: float | None, now: float,
@@ -326,6 +359,8 @@ class LatencyModel(Calibration):
         """The request routed to `ep` at `mark` has answered, so its prefill is done, and that of
         everything queued before it (FIFO): at most the tokens routed after it remain."""
         w = self.work(ep, now)
+        if not self.finish_drain:
+            return
         w.backlog = max(0.0, min(w.backlog, w.routed_total - mark))
         w.routed_backlog = min(w.routed_backlog, w.backlog)
 

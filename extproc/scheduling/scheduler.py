@@ -121,6 +121,7 @@ class Scheduler:
         max_endpoints: int,
         precise: PreciseSource | None = None,
         shortlist: Shortlist | None = None,
+        pin: bool = True,
     ) -> None:
         self.filters = list(filters)
         self.scorers = list(scorers)
@@ -129,6 +130,7 @@ class Scheduler:
         self.max_endpoints = max_endpoints
         self.precise = precise
         self.shortlist = shortlist
+        self.pin = pin  # False (--ablate pins): a running request's blocks stay in the LRU order
         self.observers = [ws.scorer for ws in self.scorers if isinstance(ws.scorer, PickObserver)]
         # Some scorer reads the approximate match of endpoints whose KV events are usable.
         self.approximate_for_usable = any(getattr(ws.scorer, "approximate_use", "all") == "all"
@@ -181,7 +183,7 @@ class Scheduler:
             matched = index.leading(chosen.key, request.block_hashes)  # before its record below
         if index is not None:
             # Pinned while the request runs (extproc/prefix/generations.py); record_later ignores no blocks.
-            if index.record_later(chosen.key, request.block_hashes, pin=True):
+            if index.record_later(chosen.key, request.block_hashes, pin=self.pin):
                 _flush_after_answer(index)
             if affinity is not None:
                 _record_after_answer(index, chosen.key, (affinity,))
@@ -234,7 +236,7 @@ class Scheduler:
         if decision.block_hashes:
             index.release(decision.primary.key, decision.block_hashes)
             index.forget(decision.primary.key, decision.block_hashes[decision.matched_blocks:])
-            index.record(served.key, decision.block_hashes, pin=True)
+            index.record(served.key, decision.block_hashes, pin=self.pin)
         if decision.affinity_hash is not None:
             if not decision.affinity_hit:
                 index.forget(decision.primary.key, (decision.affinity_hash,))

@@ -82,6 +82,10 @@ class SlotState:
     ceiling_seen: int = 0  # consecutive saturated scrapes at the peak
     saturated: bool = False  # the last scrape showed a capacity queue
     admitted: dict[int, float] = field(default_factory=dict)  # own in-flight: token -> routed at (s), oldest first
+    # --ablate switches (False: off): charge the wait at all, read it from the holders' ages, infer a ceiling.
+    waits: bool = True
+    ages: bool = True
+    ceiling: bool = True
 
     @property
     def engine_says_capacity(self) -> bool:
@@ -112,7 +116,7 @@ class SlotState:
                 source = "capacity-reason" if m.waiting_capacity > 0 else ""
             elif m.kv_usage >= KV_FULL:
                 source = "kv-full"
-            elif at_peak and prefill_queued <= waiting / 2:
+            elif at_peak and prefill_queued <= waiting / 2 and self.ceiling:
                 self.ceiling_seen += 1
                 source = "ceiling" if self.ceiling_seen >= CEILING_SCRAPES else ""
             else:
@@ -138,13 +142,13 @@ class SlotState:
         is and no ages bound it; with `now`, T and the wait no less than the ages of the picker's
         own requests say; `pool_limit` stands for L until the endpoint shows its own (module
         docstring)."""
-        if not self.may_wait(load, pool_limit):
+        if not self.waits or not self.may_wait(load, pool_limit):
             return 0.0
         limit, t = (self.limit if self.limit > 0 else pool_limit), self.occupancy_ms
         ahead = load - limit + 1
         slots = int(limit)
         holders: list[float] = []
-        if now is not None and slots <= ORDER_LIMIT and len(self.admitted) >= load:
+        if now is not None and self.ages and slots <= ORDER_LIMIT and len(self.admitted) >= load:
             holders = [(now - at) * 1000.0 for at in islice(self.admitted.values(), slots)]  # ages, oldest first
             held = holders[(slots + 1) // 2 - 1]  # at least half of the holders held their slot this long
             if held > t:

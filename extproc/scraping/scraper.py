@@ -351,7 +351,7 @@ class MetricsScraper:
 
     def _tune(self, key: str, m: ModelServerMetrics) -> None:
         pcfg = self.config.prefix
-        if self.index is None or not pcfg.auto_tune:
+        if self.index is None or not pcfg.auto_tune or "capacity-auto-tune" in self.config.latency.ablate:
             return
         capacity = auto_tuned_capacity(m, pcfg.block_size_bytes, pcfg.bytes_per_token)
         if capacity is not None and self._capacity.get(key) != capacity:

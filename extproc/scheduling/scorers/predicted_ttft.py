@@ -97,7 +97,13 @@ class PredictedTtftScorer:
         self._by_churn = self.config.new_prefix_placement == "churn"
         self.block_size_bytes = config.prefix.block_size_bytes
         self.max_prefix_blocks = config.prefix.max_prefix_blocks
-        self.auto_tune = config.prefix.auto_tune
+        # Benchmark-only switches (--ablate, docs/ablation.md), read once here: each True is the default.
+        off = set(config.latency.ablate)
+        self.auto_tune = config.prefix.auto_tune and "capacity-auto-tune" not in off
+        self._family_memory, self._by_homes = "family-memory" not in off, "homes-placement" not in off
+        self._fresh_tail, self._reuse_bound = "fresh-tail-placement" not in off, "bounded-reuse" not in off
+        self._new_prompt_bound, self._whole_match = "new-prompt-bound" not in off, "whole-match" not in off
+        self._kv_usage = "kv-usage-fullness" not in off
         # The precise index's matches count only with --prefix-scorer precise; --kv-events alone
         # compares the two indexes' predictions without changing the routing.
         self.precise = config.kv_events.prefix_scorer == "precise"
@@ -135,7 +141,7 @@ class PredictedTtftScorer:
         if self.precise and keys and ep.key in request.precise_usable:
             return tokens * request.precise_match.get(ep.key, 0) / keys
         matched = request.prefix_match.get(ep.key, 0)
-        if matched >= self.max_prefix_blocks:
+        if matched >= self.max_prefix_blocks and self._whole_match:
             # Hashing stops at max_prefix_blocks: a prompt that agrees that far (a 30k-token
             # document asked again) is taken as cached beyond, not as 70% cached.
             return tokens
@@ -178,7 +184,7 @@ class PredictedTtftScorer:
         out = []
         for ep, used in zip(endpoints, shares, strict=True):
             m = ep.metrics
-            if m is not None and m.ok and m.kv_usage > used:
+            if m is not None and m.ok and m.kv_usage > used and self._kv_usage:
                 used = m.kv_usage
             out.append(used if used < 1.0 else 1.0)
         return out
@@ -204,18 +210,20 @@ class PredictedTtftScorer:
         loads = list(map(endpoint_load, endpoints))
         most = max(cached, default=0.0)
         home_key, shared = self._homes.get(family, ("", 0.0)) if family is not None else ("", 0.0)
+        if not self._family_memory:
+            shared = 0.0
         # A prompt no candidate holds is placed by cache room (3. above), among the other families;
         # one whose larger part no candidate holds, by churn for that part.
         others = len(self._homes) - (1 if home_key else 0)
         fresh = tokens - most
         by_homes = most <= 0 and not self._by_churn
-        mean_homes = others / len(pool) if by_homes and endpoints else 0.0
-        churn_placed = fresh > 0 and most <= fresh and not by_homes
+        mean_homes = others / len(pool) if by_homes and endpoints and self._by_homes else 0.0
+        churn_placed = fresh > 0 and most <= fresh and not by_homes and (self._by_churn or self._fresh_tail)
         mean_churn = sum(w.churn for w in works) / len(works) if churn_placed else 0.0
         hits = cached
         # Bounded reuse (5. above): asked only where something is cached and some prefix is counted;
         # a prompt nobody holds is bounded by load alone, below.
-        bound = self._bound(request, loads) if most > 0 and len(self.reuse) else None
+        bound = self._bound(request, loads) if most > 0 and len(self.reuse) and self._reuse_bound else None
         if bound is not None:
             slack = self.balance.slack
             hits = list(cached)
@@ -256,7 +264,7 @@ class PredictedTtftScorer:
             if floor < 1e-3:
                 floor = 1e-3
             costs.append(floor if cost < floor else cost)  # max(cost, floor): a NaN stays NaN, as there
-        if most <= 0:
+        if most <= 0 and self._new_prompt_bound:
             self._bound_new_prompt(request, loads, works, costs)
         best = min(costs, default=1e-3)
         return [best / cost for cost in costs]
