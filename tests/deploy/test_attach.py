@@ -10,14 +10,16 @@ tests/envoy_gateway/test_eg_attach.py runs the same against a real Envoy Gateway
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import yaml
 
 from extproc.commands.envoy_config import CONTROL_HEADERS
-from testkit.helm import Helm
+from testkit.helm import REPO_ROOT, Helm
 from testkit.k8s_objects import CHART, NAMESPACE, RELEASE, USER_GATEWAY, Obj, container, find, find_all, with_image
 from testkit.netpol import Pod, admits
+from testkit.versions import VERSIONS
 
 Render = Callable[[str], list[Obj]]
 ATTACH: Obj = {"envoyGateway": {"enabled": True, "gateway": USER_GATEWAY}}
@@ -140,3 +142,15 @@ def test_given_image_and_tag(helm: Helm) -> None:
     default = find(template(helm, {}), "Deployment")
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert container(default)["image"] == f"registry.example/team/prefix-epp:{app_version}"
+
+
+def test_install_docs_name_the_image_the_chart_and_envoy_gateway_expect() -> None:
+    """The README's and docs/kubernetes.md's install lines build the tag the chart defaults to and
+    name the image the chart requires; the Envoy Gateway version they give is the newest tested."""
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    for doc in ("README.md", "docs/kubernetes.md"):
+        text = (REPO_ROOT / doc).read_text()
+        tags = re.findall(r"docker build -t \$REGISTRY/prefix-epp:(\S+) \.", text)
+        assert tags and set(tags) == {app_version}, (doc, tags)
+        assert "helm install prefix-epp charts/prefix-epp" in text and "image.repository=$REGISTRY/prefix-epp" in text
+        assert set(re.findall(r"envoyGateway\.version=(v[\d.]+)", text)) <= {VERSIONS.eg}, doc
