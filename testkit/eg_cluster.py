@@ -11,7 +11,9 @@ the CRDs of the same module), and does what the missing controllers and kubelet 
   a Service (label kubernetes.io/service-name, every port with the Service port's name, protocol
   and target port number, addresses ready);
 - `materialise_volumes`: the ConfigMaps and Secrets a pod mounts, written to local directories;
-- `wait_envoy_deployment`, `wait_route_accepted`: Envoy Gateway's own output read back.
+- `wait_envoy_deployment`, `wait_route_accepted`: Envoy Gateway's own output read back, for the
+  Gateway the route attaches to (`gateway()`: the chart's own, or the existing one named in the
+  values with `envoyGateway.gateway.create: false`).
 """
 
 from __future__ import annotations
@@ -148,6 +150,13 @@ class Cluster:
             node = node[part]
         return node
 
+    def gateway(self) -> tuple[str, str]:
+        """(namespace, name) of the Gateway the installed chart's route attaches to."""
+        if self.values_of("envoyGateway.gateway.create") is False:
+            return (self.values_of("envoyGateway.gateway.namespace") or self.namespace,
+                    str(self.values_of("envoyGateway.gateway.name")))
+        return self.namespace, str(self.values_of("envoyGateway.gateway.name") or f"{self.fullname}-gateway")
+
     def picker_deployment(self) -> Obj:
         return self.kube.ok("GET", f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{self.fullname}")
 
@@ -242,15 +251,15 @@ class Cluster:
             items = self.items("apps/v1", "Deployment", EG_NAMESPACE)
             for d in items:
                 labels = d["metadata"].get("labels") or {}
-                if labels.get("gateway.envoyproxy.io/owning-gateway-namespace") == self.namespace:
+                if labels.get("gateway.envoyproxy.io/owning-gateway-namespace") == self.gateway()[0]:
                     return d
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Envoy Gateway wrote no Envoy Deployment in {timeout}s")
             time.sleep(0.2)
 
-    def conditions(self, kind: str, name: str) -> dict[str, str]:
+    def conditions(self, kind: str, name: str, namespace: str | None = None) -> dict[str, str]:
         api = _PLURALS[kind][0]
-        doc = self.get(api, kind, self.namespace, name) or {}
+        doc = self.get(api, kind, namespace or self.namespace, name) or {}
         status = doc.get("status") or {}
         conds = status.get("conditions")
         if conds is None and status.get("parents"):
@@ -260,10 +269,10 @@ class Cluster:
         return {c["type"]: c["status"] for c in conds or []}
 
     def wait_route_accepted(self, timeout: float) -> None:
-        gateway, route = f"{self.fullname}-gateway", f"{self.fullname}"
+        (gateway_ns, gateway), route = self.gateway(), f"{self.fullname}"
         deadline = time.monotonic() + timeout
         while True:
-            gw = self.conditions("Gateway", gateway)
+            gw = self.conditions("Gateway", gateway, gateway_ns)
             routes = self.items("gateway.networking.k8s.io/v1", "HTTPRoute", self.namespace)
             rc = self.conditions("HTTPRoute", routes[0]["metadata"]["name"]) if routes else {}
             if gw.get("Accepted") == "True" and rc.get("Accepted") == "True" and rc.get("ResolvedRefs") == "True":

@@ -12,7 +12,9 @@ process by PID in `close()`:
 3. `envoy-gateway certgen`, then `envoy-gateway server` out of cluster (KUBECONFIG, leader
    election off, no topology injector, Backend API on) in a private mount namespace where /certs
    is its certificate Secret written to a directory; a GatewayClass for it;
-4. the chart, installed with the real helm and the values a user would give (`values`);
+4. the chart, installed with the real helm and the values a user would give (`values`), after
+   `before_chart(cluster)` when given (objects a user has before installing, e.g. a Gateway of
+   their own that the chart attaches to);
 5. simulated vLLM pods (`prefix-epp sim --spread-hosts`, one process, one address per pod), the
    Pod objects with their status as a kubelet would write it, and the EndpointSlice of the model
    Service as the EndpointSlice controller would (port name and protocol of the Service's port);
@@ -84,12 +86,13 @@ class EnvoyGatewayRig:
     """One Envoy Gateway version, one chart release, simulated model pods, the Envoy it configured."""
 
     def __init__(self, workdir: Path, version: str, values: dict[str, Any], *, models: int = 3,
-                 sim_args: tuple[str, ...] = ()) -> None:
+                 sim_args: tuple[str, ...] = (), before_chart: Callable[[Cluster], None] | None = None) -> None:
         self.dir = workdir
         self.version = version
         self.values = values
         self.models = models
         self.sim_args = sim_args
+        self.before_chart = before_chart
         self.net: PrivateNetwork | None = None
         self.cluster: Cluster | None = None
         self.procs: list[Proc] = []
@@ -122,6 +125,8 @@ class EnvoyGatewayRig:
         try:
             self.cluster = cluster.start()
             self._start_controller()
+            if self.before_chart is not None:
+                self.before_chart(self.cluster)
             self.cluster.install_chart(self.values)
             self._start_models()
             self.start_pickers()

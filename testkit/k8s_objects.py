@@ -47,8 +47,13 @@ schedulingProfiles:
       - pluginRef: max-score-picker
 """
 
-# Value sets rendered by the tests: name -> values given on top of values.yaml.
-VALUE_SETS: dict[str, Obj] = {
+# The image every render names: the chart has no default (nothing is published to a registry).
+IMAGE: Obj = {"image": {"repository": "registry.example/team/prefix-epp"}}
+# An existing Gateway the attach-mode renders join: its name, namespace and listener.
+USER_GATEWAY: Obj = {"create": False, "name": "edge", "namespace": "gateways", "sectionName": "https"}
+
+# Value sets rendered by the tests: name -> values given on top of values.yaml (and IMAGE).
+_VALUE_SETS: dict[str, Obj] = {
     "default": {},
     "envoy-gateway": {"envoyGateway": {"enabled": True}},
     "inference-pool-disabled": {"inferencePool": {"enabled": False}},
@@ -75,6 +80,7 @@ VALUE_SETS: dict[str, Obj] = {
         "metrics": {"from": []},
         "extraIngress": [{"ports": [{"port": "grpc-health", "protocol": "TCP"}],
                           "from": [{"podSelector": {"matchLabels": {"app": "prober"}}}]}]}},
+    "eg-attach": {"envoyGateway": {"enabled": True, "gateway": USER_GATEWAY}},
 }
 
 # Custom resources are validated against the vendored upstream CRDs (testkit/crds/schemas/) of the
@@ -96,6 +102,14 @@ def deep_merge(base: Obj, override: Obj) -> Obj:
         else:
             out[key] = value
     return out
+
+
+def with_image(values: Obj) -> Obj:
+    """`values` naming the test image too (the chart renders nothing without one)."""
+    return deep_merge(IMAGE, values)
+
+
+VALUE_SETS: dict[str, Obj] = {name: with_image(values) for name, values in _VALUE_SETS.items()}
 
 
 def find_all(objs: Iterable[Obj], kind: str) -> list[Obj]:

@@ -24,6 +24,7 @@ from testkit.k8s_objects import (
     find_all,
     kinds,
     validate,
+    with_image,
 )
 
 Render = Callable[[str], list[Obj]]
@@ -51,6 +52,8 @@ EXPECTED_KINDS: dict[str, set[str]] = {
     "eg-mutual-tls": BASE_KINDS | VERIFIED,
     "network-policy-off": BASE_KINDS - {"NetworkPolicy"},
     "network-policy-custom": BASE_KINDS,
+    # An existing Gateway: the route and its policies, no Gateway or EnvoyProxy of the chart's own.
+    "eg-attach": BASE_KINDS | VERIFIED - {"Gateway", "EnvoyProxy"},
 }
 
 
@@ -80,7 +83,10 @@ def test_render_kinds_and_schemas(render: Render, name: str) -> None:
         ident = (obj["kind"], obj["metadata"]["name"])
         assert ident not in seen, f"duplicate {ident}"
         seen.add(ident)
-        assert obj["metadata"]["namespace"] == NAMESPACE, ident
+        # Envoy Gateway policies live beside their target: the ClientTrafficPolicy in the Gateway's.
+        gateway = VALUE_SETS[name].get("envoyGateway", {}).get("gateway", {})
+        expected = gateway.get("namespace") or NAMESPACE if obj["kind"] == "ClientTrafficPolicy" else NAMESPACE
+        assert obj["metadata"]["namespace"] == expected, ident
 
 
 def test_grafana_dashboard_configmap(render: Render) -> None:
@@ -154,7 +160,7 @@ def test_ai_gateway_routes_to_the_pool(render: Render) -> None:
 def test_several_target_ports_are_refused_with_plain_envoy_gateway(helm: Helm) -> None:
     values = {"envoyGateway": {"enabled": True},
               "inferencePool": {"targetPorts": [{"number": 8000}, {"number": 8001}]}}
-    args = helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=values)
+    args = helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=with_image(values))
     proc = helm.run(args, check=False)
     assert proc.returncode != 0
     assert "exactly one entry" in proc.stderr

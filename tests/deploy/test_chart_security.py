@@ -14,7 +14,7 @@ from cryptography.exceptions import InvalidSignature
 
 from extproc.commands.envoy_config import CONTROL_HEADERS
 from testkit.helm import Helm
-from testkit.k8s_objects import CHART, NAMESPACE, RELEASE, VALUE_SETS, Obj, container, find, find_all
+from testkit.k8s_objects import CHART, NAMESPACE, RELEASE, VALUE_SETS, Obj, container, find, find_all, with_image
 from testkit.netpol import Pod, admits
 
 Render = Callable[[str], list[Obj]]
@@ -64,7 +64,7 @@ def test_network_policy_admits_only_the_gateway_peers_and_monitoring(render: Ren
 def test_network_policy_follows_the_gateway_values(helm: Helm) -> None:
     values = {"envoyGateway": {"enabled": True, "gateway": {"name": "edge"}},
               "networkPolicy": {"extProc": {"envoyNamespace": "gateways"}}}
-    objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values=values)
+    objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values=with_image(values))
     target = picker_pod(objs)
     assert find(objs, "Gateway")["metadata"]["name"] == "edge"
     assert admits(find_all(objs, "NetworkPolicy"), target, envoy_pod("edge", namespace="gateways"), "grpc")
@@ -144,14 +144,15 @@ def test_insecure_skip_verify_only_when_asked(render: Render) -> None:
     ({"tls": {"enabled": False, "clientCA": {"name": "ca"}}}, "tls.clientCA needs tls.enabled"),
 ], ids=["existing-secret-without-ca", "self-signed", "client-ca-without-tls"])
 def test_unverifiable_setups_refuse_to_render(helm: Helm, values: Obj, message: str) -> None:
-    proc = helm.run(helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=values), check=False)
+    proc = helm.run(helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=with_image(values)),
+                    check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
 def test_generated_certificate_differs_per_install(helm: Helm) -> None:
     """Each install (no cluster to look the Secret up in) gets its own CA: a certificate of one
     install is not accepted by another's CA."""
-    values = {"networkPolicy": {"enabled": False}}
+    values = with_image({"networkPolicy": {"enabled": False}})
     one, two = (find(helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values=values), "Secret",
                      f"{RELEASE}-tls")["data"] for _ in range(2))
     assert signed_by(certificate(one["tls.crt"]), certificate(one["ca.crt"]))

@@ -9,7 +9,7 @@ from extproc.commands.serve import add_arguments, config_from_args
 from extproc.discovery.pool import selector_matches
 from extproc.sync.kube_peers import parse_selector
 from testkit.helm import Helm
-from testkit.k8s_objects import CHART, NAMESPACE, RELEASE, Obj, container, find, find_all
+from testkit.k8s_objects import CHART, NAMESPACE, RELEASE, Obj, container, find, find_all, with_image
 
 Render = Callable[[str], list[Obj]]
 
@@ -70,10 +70,10 @@ def test_default_is_two_synced_replicas_that_roll_without_a_gap(render: Render) 
 
 
 def test_ha_values_flow_into_the_pod(helm: Helm) -> None:
-    objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values={
+    objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values=with_image({
         "replicas": 1, "terminationGracePeriodSeconds": 60,
         "ha": {"workers": 3, "sync": {"enabled": False}, "drain": {"preStopSleepSeconds": 0},
-               "spread": {"enabled": False}}})
+               "spread": {"enabled": False}}}))
     deploy = find(objs, "Deployment")
     config = config_from_args(serve_config(deploy))
     c = container(deploy)
@@ -88,7 +88,7 @@ def test_ha_values_flow_into_the_pod(helm: Helm) -> None:
 
 def test_existing_sync_secret_is_used_not_made(helm: Helm) -> None:
     objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE,
-                         values={"ha": {"sync": {"existingSecret": "mine"}}})
+                         values=with_image({"ha": {"sync": {"existingSecret": "mine"}}}))
     assert sync_secret_name(find(objs, "Deployment")) == "mine"
     assert not [s for s in find_all(objs, "Secret") if s["metadata"]["name"].endswith("-sync")]
 
@@ -96,7 +96,7 @@ def test_existing_sync_secret_is_used_not_made(helm: Helm) -> None:
 def test_generated_sync_secret_differs_per_render(helm: Helm) -> None:
     """Without a cluster to look it up in, each render makes a new random secret: no install
     shares a value with another (the reason GitOps renders must use existingSecret)."""
-    values = {"networkPolicy": {"enabled": False}}
+    values = with_image({"networkPolicy": {"enabled": False}})
     first, second = (find(helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values=values), "Secret",
                           f"{RELEASE}-sync")["data"]["secret"] for _ in range(2))
     assert first != second

@@ -19,6 +19,7 @@ from testkit.helm import REPO_ROOT, Helm
 from testkit.k8s_objects import (
     CHART,
     CRD_PROJECTS,
+    IMAGE,
     NAMESPACE,
     RELEASE,
     VALUE_SETS,
@@ -26,6 +27,7 @@ from testkit.k8s_objects import (
     crd_releases,
     find,
     validate,
+    with_image,
 )
 from testkit.versions import VERSIONS, parse, semver
 
@@ -142,7 +144,7 @@ def test_chart_knows_the_same_versions(render: Render) -> None:
 
 def test_chart_notes_state_the_supported_ranges(helm: Helm) -> None:
     args = ["install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
-            "--set", "envoyGateway.enabled=true"]
+            "--set", "envoyGateway.enabled=true", "--set", f"image.repository={IMAGE['image']['repository']}"]
     notes = helm.run(args).stdout.split("NOTES:", 1)[1]
     assert f"Inference Extension CRDs {VERSIONS.gie_min} to {VERSIONS.gie}" in notes
     assert f"Envoy Gateway {VERSIONS.eg_min} to {VERSIONS.eg}" in notes
@@ -166,7 +168,8 @@ def older(version: str) -> str:
      f"needs Envoy Gateway {VERSIONS.eg_verified_tls_min} or newer"),
 ])
 def test_chart_fails_to_render_for_a_too_old_gateway(helm: Helm, label: str, values: Obj, needle: str) -> None:
-    proc = helm.run(helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=values), check=False)
+    proc = helm.run(helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=with_image(values)),
+                    check=False)
     assert proc.returncode != 0, label
     assert needle in proc.stderr and values["envoyGateway"]["version"] in proc.stderr, proc.stderr
 
@@ -174,7 +177,7 @@ def test_chart_fails_to_render_for_a_too_old_gateway(helm: Helm, label: str, val
 def test_verification_is_not_silently_dropped_below_its_minimum(helm: Helm) -> None:
     """Envoy Gateway older than the BackendTLSPolicy v1 minimum: the default (verified) wiring
     refuses to render rather than falling back to unverified TLS."""
-    values = {"envoyGateway": {"enabled": True, "version": VERSIONS.eg_min}}
+    values = with_image({"envoyGateway": {"enabled": True, "version": VERSIONS.eg_min}})
     proc = helm.run(helm.template_args(CHART, release=RELEASE, namespace=NAMESPACE, values=values), check=False)
     assert proc.returncode != 0
     assert "insecureSkipVerify" in proc.stderr and VERSIONS.eg_verified_tls_min in proc.stderr
@@ -187,7 +190,7 @@ def test_chart_renders_at_each_minimum(helm: Helm) -> None:
                    {"tls": {"existingSecret": "s"},
                     "envoyGateway": {"enabled": True, "version": VERSIONS.eg_verified_tls_min,
                                      "pickerTLS": {"caConfigMap": "ca"}}}):
-        objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values=values)
+        objs = helm.template(CHART, release=RELEASE, namespace=NAMESPACE, values=with_image(values))
         for obj in objs:
             validate(obj)
 

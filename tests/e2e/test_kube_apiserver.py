@@ -34,7 +34,7 @@ from extproc.discovery.watch import Backoff, ListResult, ListWatch
 from extproc.pb import health_pb2, health_pb2_grpc
 from testkit import helm as tools
 from testkit.envoy import wait_until
-from testkit.k8s_objects import CHART
+from testkit.k8s_objects import CHART, with_image
 from testkit.kubeapi import BuildFailed, RealKube
 from testkit.procs import free_ports, prefix_epp, running, wait_for_port
 
@@ -49,7 +49,7 @@ def _rendered_rbac(tmp: Path) -> list[dict[str, Any]]:
     (tmp / "helm-home").mkdir(exist_ok=True)
     helm = tools.Helm(binary=helm_bin, home=tmp / "helm-home")
     docs = helm.template(CHART, release=RELEASE, namespace=SA_NAMESPACE,
-                         values={"inferencePool": {"name": "pool"}})
+                         values=with_image({"inferencePool": {"name": "pool"}}))
     return [d for d in docs if d["kind"] in ("Role", "RoleBinding", "ServiceAccount")]
 
 

@@ -21,12 +21,14 @@ import pytest
 
 from testkit.eg_client import client, metric, scrape, settled, total
 from testkit.envoy_gateway import EnvoyGatewayRig, Pod, running_rig
+from testkit.k8s_objects import IMAGE
 from testkit.versions import Versions
 
 pytestmark = [pytest.mark.envoy_gateway, pytest.mark.timeout(900)]
 
 VERSION = Versions.load().eg
 VALUES: dict[str, Any] = {
+    **IMAGE,
     "replicas": 2,
     "picker": {"explainDecisions": True, "maxEndpoints": 2},
     "envoyGateway": {"enabled": True, "version": VERSION, "envoyProxy": {"serviceType": "ClusterIP",

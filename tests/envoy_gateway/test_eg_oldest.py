@@ -19,12 +19,14 @@ import pytest
 
 from testkit.eg_client import client, metric, settled
 from testkit.envoy_gateway import EnvoyGatewayRig, running_rig
+from testkit.k8s_objects import IMAGE
 from testkit.versions import Versions
 
 pytestmark = [pytest.mark.envoy_gateway, pytest.mark.timeout(900)]
 
 VERSION = Versions.load().eg_min
 VALUES: dict[str, Any] = {
+    **IMAGE,
     "replicas": 1,
     "picker": {"explainDecisions": True},
     "inferencePool": {"failureMode": "FailOpen"},

@@ -50,8 +50,39 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s.%s.svc.%s" (include "prefix-epp.fullname" .) .Release.Namespace .Values.clusterDomain -}}
 {{- end -}}
 
+{{/* The Gateway the route attaches to: the chart's own (envoyGateway.gateway.create) or an
+existing one, whose name is then required. */}}
 {{- define "prefix-epp.gatewayName" -}}
+{{- if include "prefix-epp.attach" . -}}
+{{- required "envoyGateway.gateway.name is required with envoyGateway.gateway.create=false: the name of the existing Gateway to attach the route to" .Values.envoyGateway.gateway.name -}}
+{{- else -}}
 {{- default (printf "%s-gateway" (include "prefix-epp.fullname" .)) .Values.envoyGateway.gateway.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespace of that Gateway: the release's for the chart's own Gateway. */}}
+{{- define "prefix-epp.gatewayNamespace" -}}
+{{- if include "prefix-epp.attach" . -}}
+{{- default .Release.Namespace .Values.envoyGateway.gateway.namespace -}}
+{{- else -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Attach mode: the route and its policies join an existing Gateway; no Gateway or EnvoyProxy of
+the chart's own. */}}
+{{- define "prefix-epp.attach" -}}
+{{- if and .Values.envoyGateway.enabled (not .Values.envoyGateway.gateway.create) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Refuse values that only mean something for an existing Gateway when the chart makes its own. */}}
+{{- define "prefix-epp.checkGatewayValues" -}}
+{{- $gw := .Values.envoyGateway.gateway -}}
+{{- if and $gw.create (or $gw.namespace $gw.sectionName) -}}
+{{- fail "envoyGateway.gateway.namespace and sectionName name an existing Gateway's namespace and listener: set envoyGateway.gateway.create=false (and gateway.name) to attach to it, or leave them empty for the chart's own Gateway (release namespace, listener \"http\")" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "prefix-epp.routeName" -}}
@@ -158,4 +189,10 @@ the CA ConfigMap and the pod's checksum see the same certificate. */}}
 {{- $_ := set .Values.tls "_data" $data -}}
 {{- end -}}
 {{- toJson .Values.tls._data -}}
+{{- end -}}
+
+{{/* The picker's image. Nothing is published to a registry, so the repository must be given. */}}
+{{- define "prefix-epp.image" -}}
+{{- $repo := required (printf "image.repository is required: no prefix-epp image is published to a registry. Build it from the repository's Dockerfile (`make image`, or `docker build -t REGISTRY/prefix-epp:%s .`), push it to your registry and set image.repository (and image.tag, default %s, the chart's appVersion)" .Chart.AppVersion .Chart.AppVersion) .Values.image.repository -}}
+{{- printf "%s:%s" $repo (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
