@@ -68,6 +68,7 @@ _VALUE_SETS: dict[str, Obj] = {
     "eg-nodeport": {"envoyGateway": {"enabled": True,
                                      "envoyProxy": {"serviceType": "NodePort", "nodePort": 30080}}},
     "eg-fallbacks": {"envoyGateway": {"enabled": True}, "picker": {"maxEndpoints": 3}},
+    "eg-single-endpoint": {"envoyGateway": {"enabled": True}, "picker": {"maxEndpoints": 1}},
     "eg-oldest-supported": {"envoyGateway": {"enabled": True, "version": "v1.5.0",
                                              "pickerTLS": {"insecureSkipVerify": True}}},
     "eg-insecure-tls": {"envoyGateway": {"enabled": True, "pickerTLS": {"insecureSkipVerify": True}}},

@@ -34,10 +34,10 @@ Upstream routing:
 Traffic defaults (extproc/config/settings.py `ProxyTrafficConfig`, shared with the Helm chart): circuit
 breakers sized for thousands of concurrent generations; a one-hour route timeout; and, when
 `--max-endpoints` > 1, a retry policy that walks the picker's fallback list (one retry per
-fallback) on failures before the model server answered: connect failure, refused stream, reset
-before the request was sent, or a 500/502/503/504 status (an engine error, or Envoy's own for a
-failed connection). Once a response has started nothing
-is retried, so a generation never runs twice after its response started.
+fallback) on failures before the model server answered: connect failure, refused stream, a reset
+or closed connection before any response header (a killed engine), or a 500/502/503/504 status
+(an engine error, or Envoy's own for a failed connection). Once a response has started nothing is
+retried, so a generation never runs twice after its response started.
 
 Served endpoint (Endpoint Picker Protocol): the route adds the response header
 `x-gateway-destination-endpoint-served: %UPSTREAM_HOST%` (the address that really answered,
@@ -110,8 +110,7 @@ CONTROL_HEADERS = ("test-epp-endpoint-selection", DESTINATION_HEADER, f"{DESTINA
 # waits for the picker to close it, instead of resetting it (module docstring: off by default).
 GRACEFUL_EXT_PROC_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
 _PICKER = EppConfig()  # the picker's defaults, which these must match
-# --max-endpoints with --endpoints: the first choice and one fallback (prefix-epp serve --max-endpoints 2).
-FALLBACK_ENDPOINTS = 2
+FALLBACK_ENDPOINTS = ProxyTrafficConfig().fallback_endpoints  # --max-endpoints with --endpoints
 _MAX_BODY = _PICKER.max_request_body_bytes
 
 

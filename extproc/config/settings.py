@@ -224,9 +224,15 @@ class ProxyTrafficConfig:
     # Retries walk the picker's fallback list (only when max_endpoints > 1, one retry per
     # fallback). Only failures before the request reached a model server or before it answered
     # with headers: a generation is never retried after its response started.
-    retry_on: tuple[str, ...] = ("connect-failure", "refused-stream", "reset-before-request",
+    # `reset`: the upstream reset or closed the connection before any response header (a killed
+    # engine on a pooled connection); Envoy never retries once response headers went downstream.
+    retry_on: tuple[str, ...] = ("connect-failure", "refused-stream", "reset",
                                  "retriable-status-codes")
     retriable_status_codes: tuple[int, ...] = (500, 502, 503, 504)
+    # The picker's --max-endpoints where the gateway takes a fallback list (envoy-config with
+    # --endpoints, the chart beside Envoy Gateway): the first choice and one fallback, so a dead
+    # first choice costs a retry. ORIGINAL_DST takes a single address (EppConfig.max_endpoints, 1).
+    fallback_endpoints: int = 2
     retry_backoff_base_ms: int = 25
     # Whole-request timeout: long generations (minutes of streamed tokens) must not be cut.
     route_timeout_s: int = 3600

@@ -65,10 +65,11 @@ def test_retry_walks_the_fallback_list_before_the_response_starts(max_endpoints:
                                 max_endpoints=max_endpoints))["route"]["retry_policy"]
     assert policy["num_retries"] == max_endpoints - 1
     triggers = set(policy["retry_on"].split(","))
-    assert triggers == {"connect-failure", "refused-stream", "reset-before-request", "retriable-status-codes"}
-    # Never `reset` or a per-try timeout: those would re-run a generation that already started. A
-    # 500 before any byte reached the client (an engine error) is retried on the next choice.
-    assert not triggers & {"reset", "5xx", "gateway-error"} and "per_try_timeout" not in policy
+    assert triggers == {"connect-failure", "refused-stream", "reset", "retriable-status-codes"}
+    # Envoy retries only before response headers went downstream: a reset or a 500 there (a killed
+    # engine, an engine error) costs a retry on the next choice, never a second run of an answer the
+    # client is receiving. No per-try timeout: that would cut a long generation.
+    assert not triggers & {"5xx", "gateway-error"} and "per_try_timeout" not in policy
     assert policy["retriable_status_codes"] == [500, 502, 503, 504]
 
 

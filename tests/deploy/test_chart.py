@@ -47,6 +47,7 @@ EXPECTED_KINDS: dict[str, set[str]] = {
     "eg-ai-gateway": BASE_KINDS | {"Gateway", "HTTPRoute", "EnvoyProxy", "ClientTrafficPolicy"},
     "eg-nodeport": BASE_KINDS | VERIFIED,
     "eg-fallbacks": BASE_KINDS | VERIFIED,
+    "eg-single-endpoint": BASE_KINDS | VERIFIED,
     "eg-oldest-supported": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
     "eg-insecure-tls": BASE_KINDS | PLAIN_EG_KINDS | {"Backend"},
     "eg-mutual-tls": BASE_KINDS | VERIFIED,

@@ -51,14 +51,21 @@ def test_circuit_breaker_on_the_model_route(render: Render) -> None:
 
 def test_no_retry_with_a_single_endpoint(render: Render) -> None:
     # Envoy Gateway adds no retry policy when the BackendTrafficPolicy has none.
-    assert "retry" not in find(render("envoy-gateway"), "BackendTrafficPolicy")["spec"]
+    objs = render("eg-single-endpoint")
+    assert "retry" not in find(objs, "BackendTrafficPolicy")["spec"]
+    assert "filters" not in find(objs, "HTTPRoute")["spec"]["rules"][0]
+
+
+def test_fallbacks_by_default(render: Render) -> None:
+    retry = find(render("envoy-gateway"), "BackendTrafficPolicy")["spec"]["retry"]
+    assert retry["numRetries"] == ProxyTrafficConfig().fallback_endpoints - 1
 
 
 def test_retry_walks_the_fallbacks(render: Render) -> None:
     retry = find(render("eg-fallbacks"), "BackendTrafficPolicy")["spec"]["retry"]
     assert retry["numRetries"] == 2  # picker.maxEndpoints 3
     assert tuple(retry["retryOn"]["triggers"]) == T.retry_on
-    assert not set(retry["retryOn"]["triggers"]) & {"reset", "5xx", "gateway-error"}
+    assert not set(retry["retryOn"]["triggers"]) & {"5xx", "gateway-error"}  # only before the response started
     assert "timeout" not in retry["perRetry"]  # no per-try timeout that would cut a generation
     assert seconds(retry["perRetry"]["backOff"]["baseInterval"]) == T.retry_backoff_base_ms / 1000
 
@@ -72,4 +79,4 @@ def test_served_endpoint_header_only_with_fallbacks(render: Render) -> None:
     rule = find(render("eg-fallbacks"), "HTTPRoute")["spec"]["rules"][0]
     assert rule["filters"] == [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {
         "set": [{"name": "x-gateway-destination-endpoint-served", "value": "%UPSTREAM_HOST%"}]}}]
-    assert "filters" not in find(render("envoy-gateway"), "HTTPRoute")["spec"]["rules"][0]
+    assert find(render("envoy-gateway"), "HTTPRoute")["spec"]["rules"][0]["filters"] == rule["filters"]
