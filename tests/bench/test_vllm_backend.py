@@ -140,10 +140,14 @@ def test_clairvoyant_is_refused_on_real_vllm(capsys: pytest.CaptureFixture[str])
     assert "clairvoyant is a simulator reference" in capsys.readouterr().err
 
 
-def test_real_vllm_has_sized_workloads_for_three_workloads_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_real_vllm_runs_its_sized_workloads_only_and_decode_heavy_runs_there_only(
+        capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        run.main(["--backend", "vllm", "--workloads", "bursts", "--routers", "random"])
+        run.main(["--backend", "vllm", "--workloads", "mixed-length", "--routers", "random"])
     assert "vLLM-sized workloads" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--workloads", "decode-heavy", "--routers", "random"])
+    assert "--sim-profile decode-bound" in capsys.readouterr().err
 
 
 def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
@@ -151,9 +155,11 @@ def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
     started: list[Path] = []
 
     @contextlib.contextmanager
-    def fake_engines(tmp: Path) -> Iterator[object]:
+    def fake_engines(tmp: Path, nice: int) -> Iterator[object]:
+        assert nice == 0  # run_all's default; bench.run's command line gives ENGINE_NICE
         started.append(tmp)
-        yield SimpleNamespace(engines=[SimpleNamespace(key="a"), SimpleNamespace(key="b")])
+        yield SimpleNamespace(engines=[SimpleNamespace(key="a"), SimpleNamespace(key="b")],
+                              configure=lambda extra: False)
 
     def fake_run(_tmp: Path, _w: object, router: RouterSpec, _sim: object, _log: object,
                  backend: object = None) -> Outcome:

@@ -32,9 +32,10 @@ def tok() -> HFTokenizer:
 def test_every_prompt_is_one_to_four_thousand_real_tokens(tok: HFTokenizer, name: str) -> None:
     w = build_vllm(name)
     lengths = [len(ids) for ids, _ in workload_requests(w, vllm_tokens(tok))]
-    assert len(lengths) == w.requests >= 100
+    assert len(lengths) == w.requests >= 80
     assert min(lengths) >= 1000 and max(lengths) <= 4000, (min(lengths), max(lengths))
-    assert all(16 <= s.max_tokens <= 32 for s in w.sessions)
+    # Short answers (prefill-bound), but for decode-heavy's long ones.
+    assert all(s.max_tokens == 128 if name == "decode-heavy" else 16 <= s.max_tokens <= 32 for s in w.sessions)
     assert 15 <= w.duration_s <= 35  # a run stays under a minute with its drain and set-up
 
 
