@@ -274,7 +274,7 @@ def run_all(workloads: Sequence[str], routers: Sequence[RouterSpec], *, quick: b
                     raw_path(out_dir, rep_name, wname, router.label).write_text(
                         json.dumps([asdict(r) for r in outcome.run.requests]))
                     engine_hit = f" (engines {s['engine_hit_rate']:.1%})" if "engine_hit_rate" in s else ""
-                    log(f"  [{done}/{total}] r{k} {wname} {router.label:<14} hit {s['hit_rate']:.1%}{engine_hit}  "
+                    log(f"  [{done}/{total}] r{k} {wname} {router.label:<22} hit {s['hit_rate']:.1%}{engine_hit}  "
                         f"TTFT p50 {fmt(s['ttft_ms']['p50'])} p99 {fmt(s['ttft_ms']['p99'])} ms  "
                         f"max/mean load {s['replica_max_over_mean']:.2f}  errors {s['errors']}  "
                         f"cpu {s['cpu_busy']:.0%}  ({time.monotonic() - t0:.0f} s)")

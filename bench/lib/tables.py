@@ -146,19 +146,28 @@ PAIRED_TITLES = {"hit_rate": "hit rate", "hit_of_reference": "hit / placement re
                  "ttft_ms.p90": "TTFT p90", "ttft_ms.p99": "TTFT p99", "gateway_ms.p99": "path p99 (ms)"}
 
 
-def _paired_cell(path: str, f: Mapping[str, Any] | None) -> str:
+def paired_cell(path: str, f: Mapping[str, Any] | None) -> str:
     if f is None:
         return "-"
     mean = _pct(f["mean"]) if path.startswith("hit") else fmt(f["mean"], 1 if path.startswith("gateway") else 0)
     if "ratio" not in f:
         return mean
-    interval = f"{f['low']:.3f}-{f['high']:.3f}" if f["low"] == f["low"] else f"n={f['n']}"
+    interval = f"{_bound(f['low'])}-{_bound(f['high'])}" if f["low"] == f["low"] else f"n={f['n']}"
     claim = f" **{f['verdict']}**" if f["verdict"] else ""
     return f"{mean} x{_ratio3(f['ratio'])} [{interval}]{claim}"
 
 
 def _ratio3(value: float) -> str:
     return "-" if value != value else f"{value:.3f}"
+
+
+def _bound(value: float) -> str:
+    """3 decimals, more where a bound other than 1 would read 1.000 (and so seem to hold 1)."""
+    for digits in range(3, 7):
+        text = f"{value:.{digits}f}"
+        if value == 1.0 or float(text) != 1.0:
+            return text
+    return text
 
 
 def paired_table(figures: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]], reference: str) -> str:
@@ -171,7 +180,7 @@ def paired_table(figures: Mapping[str, Mapping[str, Mapping[str, Mapping[str, An
     for workload, rows in figures.items():
         for router, arm in rows.items():
             name = f"{router} (reference)" if router == reference else router
-            lines.append(f"| {workload} | {name} | " + " | ".join(_paired_cell(p, arm.get(p)) for p in paths) + " |")
+            lines.append(f"| {workload} | {name} | " + " | ".join(paired_cell(p, arm.get(p)) for p in paths) + " |")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from bench.lib.oracle import OracleResult
 from bench.lib.report import render_only
 from bench.lib.routers import SimSettings
 from bench.lib.runner import Outcome, RouterSpec
-from bench.lib.tables import path_table
+from bench.lib.tables import paired_cell, path_table
 from bench.lib.workloads import build
 from tests.bench.test_aggregate import summary
 
@@ -138,3 +138,10 @@ def test_the_path_table_shows_envoy_and_the_pickers_own_time() -> None:
     assert header.count("|") == rule.count("|") == row.count("|")
     assert row == "| w | prefix-epp | 0.80 | 3.50 (3.00-4.00) | 0.25 | 0.50 | 1.50 |"
     assert path_table({"w": {"sglang-router": proxy}}) == ""
+
+
+def test_an_interval_bound_near_one_is_never_printed_as_one() -> None:
+    figure = {"mean": 455.0, "ratio": 0.996, "low": 0.99188, "high": 0.99961, "n": 2, "verdict": "better"}
+    assert paired_cell("ttft_ms.p90", figure) == "455 x0.996 [0.992-0.9996] **better**"
+    assert paired_cell("hit_rate", {"mean": 0.5}) == "50.0%"
+    assert paired_cell("ttft_ms.p99", None) == "-"
