@@ -20,6 +20,10 @@ benchmark needs it:
   VLLM_CACHE_ROOT under the test's directory, no usage reporting, no hub access;
 - `VLLM_SERVER_DEV_MODE=1`, for POST /reset_prefix_cache (a benchmark starts every router on cold
   caches).
+`Engine.nice` (`engines(..., nice=N)`) starts the engine under `nice -n N`, which every process it
+spawns inherits: the benchmark runs its engines below the routers' priority, so a router's
+exchange does not wait for a core an engine holds. `Engine.extra_args` go after the rig's flags
+(a benchmark workload's `--max-num-seqs`; `restart` picks up a change).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class Engine:
     served_model_name: str = MODEL_NAME
     proc: Proc | None = None
     starts: int = field(default=0)
+    nice: int = 0  # the process's niceness (module docstring); 0: the caller's
+    extra_args: tuple[str, ...] = ()  # `vllm serve` flags after the rig's
 
     @property
     def url(self) -> str:
@@ -103,9 +109,14 @@ class Engine:
                 "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "VLLM_SERVER_DEV_MODE": "1",
                 "HOME": str(self.workdir)}
 
+    def command(self) -> list[str]:
+        """What `launch` runs: `args` and `extra_args`, under `nice -n` when `nice` is set."""
+        argv = [*self.args(), *self.extra_args]
+        return ["nice", "-n", str(self.nice), *argv] if self.nice else argv
+
     def launch(self) -> None:
         self.starts += 1
-        self.proc = Proc(self.args(), self.workdir / f"vllm-{self.starts}.log", env=self.environ())
+        self.proc = Proc(self.command(), self.workdir / f"vllm-{self.starts}.log", env=self.environ())
 
     def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
         assert self.proc is not None
@@ -160,9 +171,10 @@ def metric_total(exposition: bytes, name: str) -> float:
 
 
 @contextlib.contextmanager
-def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME) -> Iterator[list[Engine]]:
+def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: int = 0) -> Iterator[list[Engine]]:
     """n engines started side by side, healthy on entry, stopped on exit, serving the model as
-    `served_model_name` (the tests' MODEL_NAME; the benchmark's requests name another)."""
+    `served_model_name` (the tests' MODEL_NAME; the benchmark's requests name another), at
+    niceness `nice` (module docstring)."""
     env = ensure()
     cores = os.cpu_count() or 1
     out = []
@@ -175,7 +187,7 @@ def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME) -> Itera
         workdir = tmp / f"vllm{i}"
         workdir.mkdir(parents=True, exist_ok=True)
         out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i % cores,
-                          served_model_name=served_model_name))
+                          served_model_name=served_model_name, nice=nice))
     try:
         for engine in out:
             engine.launch()

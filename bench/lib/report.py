@@ -5,7 +5,8 @@ to `runs/` beneath it (`runs_dir`), and the per-request records to `raw/` (not c
 
 - `write_results(out_dir, name, ...)`: `{name}.json` (config, oracle, the means over the
   repetitions as `results`, their `spread`, every repetition's summaries, targets on the means),
-  `{name}.md` (the tables, `bench.lib.tables`) and the figures `{name}-ttft.png`,
+  `{name}.md` (the tables, `bench.lib.tables`; with `config["reference"]` the paired ratios of
+  every arm to that reference arm, also under "paired" in the JSON) and the figures `{name}-ttft.png`,
   `-ttft_p99.png`, `-hit_rate.png`, `-load.png` (`bench.lib.plots`), all in `out_dir`.
 - `repetition_name(name, k)`: `{name}-r{k}`, the stem of repetition k's report in `runs_dir`.
 - `raw_path(out_dir, raw_name, workload, router)`: one run's per-request records.
@@ -23,13 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import plots
-from bench.lib.aggregate import aggregate
+from bench.lib.aggregate import aggregate, paired_figures
 from bench.lib.oracle import OracleResult
 from bench.lib.tables import (
     accuracy_table,
     bound_table,
     carried,
     clairvoyant_table,
+    paired_table,
+    path_table,
     results_table,
     targets_table,
     ttft_split_table,
@@ -64,6 +67,8 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     means, spreads = aggregate(repetitions)
     shown = spreads if len(repetitions) > 1 else None
     targets = {c: evaluate_targets(means, rates, c) for c in candidates}
+    reference = config.get("reference", "")
+    paired = paired_figures(repetitions, reference) if reference else {}
     doc = {
         "config": config,
         "oracle": {w: {**asdict(o), "hit_rate": round(o.hit_rate, 4)} for w, o in oracle.items()},
@@ -72,6 +77,8 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
         "repetitions": list(repetitions),
         "targets": {c: [{**asdict(t), "miss": t.miss} for t in ts] for c, ts in targets.items()},
     }
+    if reference:
+        doc["paired"] = {"reference": reference, "figures": paired}
     (out_dir / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     reps = f"mean (min-max) of {len(repetitions)} repetitions; " if len(repetitions) > 1 else ""
     md = [header(config, reps), ""]
@@ -80,6 +87,12 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
     if build:
         md += [f"llm-d router: {build.get('version', '?')} (commit {build.get('commit', '?')[:8]}), "
                f"`{build.get('command', build.get('binary', ''))}`, {build.get('go', '')}."]
+    if config.get("engine_nice"):
+        md += ["", f"Path-fair priority: the engines ran at nice {config['engine_nice']} (every process of each "
+                   "`vllm serve`), the routers' processes and the client at 0, so an exchange on the router's path "
+                   "did not wait for a core an engine held."]
+    if config.get("order"):
+        md += ["", f"Order: {config['order']}."]
     if config.get("routers_realtime"):
         md += ["", f"Routers realtime: every router's processes (Envoy, the picker, sglang-router) ran SCHED_FIFO "
                    f"(`{config['routers_realtime']} PID`), so none waited for a core the engines held."]
@@ -89,6 +102,17 @@ def write_results(out_dir: Path, name: str, config: dict[str, Any], oracle: dict
             f"{r}: ext_proc {'TLS' if p['tls'] else 'plaintext'}, KV events {p['kv_events']}"
             for r, p in pickers.items()) + "."]
     md += ["", results_table(means, rates, shown), "", "Targets (on the means):", "", targets_table(targets), ""]
+    if reference:
+        compared = paired_table(paired, reference)
+        md += [f"Against the reference arm `{reference}`, paired by repetition (the same draw, the same "
+               "repetition): each figure's mean over the repetitions, x the geometric mean of the per-repetition "
+               "ratios arm / reference, [its 95% interval] (Student t on the log ratios, "
+               "bench/lib/stats.py); **better** or **worse** only where the interval excludes 1:", "",
+               compared, ""] if compared else [f"No paired ratios: the reference arm `{reference}` did not run.", ""]
+    path = path_table(means, shown)
+    if path:
+        md += ["The path's own time (ms; Envoy's first byte to its upstream request from the access log, the "
+               "picker's decision from its histogram):", "", path, ""]
     bounded = bound_table(means, rates)
     if bounded:
         md += ["Against the finite-cache bound (the most hits these sends could get from the replicas' caches "

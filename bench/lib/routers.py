@@ -12,6 +12,8 @@ then KILL). Setups, all in front of the same replicas:
   `extproc.commands.envoy_config.build_config` (full-duplex ext_proc, override_host cluster).
 - `prefix-epp-weighted`: the same with `--scheduler weighted` (the weighted-sum scoring profile
   instead of the default predicted-TTFT scheduler).
+- `prefix-epp-cache-aware`: the same with `--scheduler cache-aware` (the reference policy,
+  sglang-router's cache_aware inside the picker): policy against policy with the path held equal.
 - `prefix-epp-precise`: the same with `--prefix-scorer precise`: the picker subscribes to the
   replicas' KV events (`host:port@tcp://events@tcp://replay` endpoints) and routes on them.
   Whenever the replicas publish events, plain `prefix-epp` also gets them, with `--kv-events`
@@ -66,18 +68,21 @@ from testkit.envoy import envoy_binary, plain_envoy_config
 from testkit.procs import Proc, consecutive_free_ports, free_ports, prefix_epp, python_module, running, wait_for_port
 
 ENVOY_POLICIES = {"random": "RANDOM", "round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}
-ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-weighted", "prefix-epp-precise", "go-epp", *llmd.SETUPS,
-           "sglang-router", "clairvoyant")
-KV_EVENT_ROUTERS = frozenset({"prefix-epp", "prefix-epp-weighted", "prefix-epp-precise"})  # picker subscribes
+ROUTERS = (*ENVOY_POLICIES, "prefix-epp", "prefix-epp-cache-aware", "prefix-epp-weighted", "prefix-epp-precise",
+           "go-epp", *llmd.SETUPS, "sglang-router", "clairvoyant")
+# The picker subscribes to KV events for these.
+KV_EVENT_ROUTERS = frozenset({"prefix-epp", "prefix-epp-cache-aware", "prefix-epp-weighted", "prefix-epp-precise"})
 # The replicas publish KV events for these setups (the prefix-epp ones and llm-d's precise profile).
 PUBLISHING_ROUTERS = KV_EVENT_ROUTERS | {"llm-d-precise"}
 # Like for like: whether the picker's ext_proc stream is TLS and whether the picker reads KV events.
 PICKER_TRANSPORT = {"prefix-epp": (False, "subscribed, routes approximately"),
+                    "prefix-epp-cache-aware": (False, "subscribed, routes approximately"),
                     "prefix-epp-weighted": (False, "subscribed, routes approximately"),
                     "prefix-epp-precise": (False, "routes on them"), "go-epp": (False, "none"),
                     "llm-d": (False, "none"), "llm-d-precise": (False, "routes on them")}
 # What each prefix-epp setup adds to the picker's defaults (before any --picker-variant flags).
-PICKER_FLAGS = {"prefix-epp-weighted": ("--scheduler", "weighted"),
+PICKER_FLAGS = {"prefix-epp-cache-aware": ("--scheduler", "cache-aware"),
+                "prefix-epp-weighted": ("--scheduler", "weighted"),
                 "prefix-epp-precise": ("--prefix-scorer", "precise")}
 
 

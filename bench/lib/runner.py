@@ -51,6 +51,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROUTER_PARTS = {"random": "Envoy, lb_policy RANDOM", "round-robin": "Envoy, lb_policy ROUND_ROBIN",
                 "least-request": "Envoy, lb_policy LEAST_REQUEST", "prefix-epp": "Envoy + the picker",
                 "prefix-epp-weighted": "Envoy + the picker, --scheduler weighted",
+                "prefix-epp-cache-aware": "Envoy + the picker, --scheduler cache-aware",
                 "prefix-epp-precise": "Envoy + the picker, --prefix-scorer precise",
                 "go-epp": "Envoy + the Go endpoint picker (GIE v1.5.0, defaults; real kube-apiserver)",
                 "llm-d": "Envoy + llm-d's router (default profile; real kube-apiserver)",

@@ -3,6 +3,9 @@
 - `percentile(values, q)`: nearest rank, q in percent (NaN for no values).
 - `spread(values)`: mean, min and max of the repetitions' values (NaN ones left out; all NaN
   when none is left).
+- `paired_ratio(values, reference)`: the paired comparison of one arm with the reference arm
+  over repetitions (module section below); `t975(df)` the Student-t quantile it uses;
+  `verdict(p, higher_is_better)` the claim it allows.
 - `hit_rate`: cached prompt tokens / prompt tokens over the successful requests, as the
   replicas reported them in `usage`.
 - `histogram_quantile(q, buckets)`: Prometheus' estimate from cumulative buckets: find the
@@ -64,6 +67,77 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     if not finite:
         return {"mean": float("nan"), "min": float("nan"), "max": float("nan")}
     return {"mean": sum(finite) / len(finite), "min": min(finite), "max": max(finite)}
+
+# --- paired ratios ----------------------------------------------------------------------------
+#
+# Arm X and the reference arm R run the same workload draw in the same repetition (interleaved:
+# bench.run), so repetition k gives one pair (x_k, r_k) of a figure (TTFT p99, hit rate, ...).
+# The comparison is on the per-repetition LOG ratios l_k = ln(x_k / r_k): machine drift that
+# scales both arms of a repetition cancels, and a ratio and its inverse are symmetric. With n
+# pairs, mean m and sample standard deviation s of the l_k, the 95% interval is
+# exp(m -/+ t975(n - 1) x s / sqrt(n)) (Student t, n - 1 degrees of freedom) around exp(m), the
+# geometric mean of the ratios. A pair with a value that is not a positive finite number (a hit
+# rate of 0, a figure a setup does not have) has no log ratio and is left out (n says how many
+# pairs counted); under 2 pairs there is no interval (NaN bounds). An arm is "better" or "worse"
+# only where the interval excludes 1 (`verdict`).
+
+# Two-sided 95% Student-t quantiles (the 0.975 quantile) for 1-30 degrees of freedom.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+Z975 = 1.959964
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom: the table up to 30, then
+    the Cornish-Fisher expansion around the normal quantile (within 0.001 of the exact value)."""
+    if df < 1:
+        raise ValueError("Student's t needs at least 1 degree of freedom")
+    if df <= len(T975):
+        return T975[df - 1]
+    z = Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """One arm against the reference over the repetitions (the section above)."""
+
+    n: int  # pairs that counted
+    ratio: float  # geometric mean of the per-repetition ratios arm / reference
+    low: float  # the 95% interval of the ratio (NaN under 2 pairs)
+    high: float
+
+    @property
+    def excludes_one(self) -> bool:
+        return self.low > 1.0 or self.high < 1.0  # False when NaN
+
+
+def _usable(x: float, r: float) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (x, r))
+
+
+def paired_ratio(values: Sequence[float], reference: Sequence[float]) -> PairedRatio:
+    """values[k] / reference[k] over the repetitions k: the geometric mean ratio and its 95%
+    Student-t interval on the log ratios (the section above)."""
+    logs = [math.log(x / r) for x, r in zip(values, reference, strict=True) if _usable(x, r)]
+    n = len(logs)
+    if not n:
+        return PairedRatio(0, math.nan, math.nan, math.nan)
+    mean = math.fsum(logs) / n
+    if n < 2:
+        return PairedRatio(1, math.exp(mean), math.nan, math.nan)
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in logs) / (n - 1))
+    half = t975(n - 1) * sd / math.sqrt(n)
+    return PairedRatio(n, math.exp(mean), math.exp(mean - half), math.exp(mean + half))
+
+
+def verdict(p: PairedRatio, higher_is_better: bool) -> str:
+    """'better' or 'worse' where the interval excludes 1 (higher_is_better: hit rates; else
+    times), else '' (no claim)."""
+    if not p.excludes_one:
+        return ""
+    return "better" if (p.low > 1.0) == higher_is_better else "worse"
+
 
 def hit_rate(results: Iterable[RequestResult]) -> float:
     prompt = cached = 0

@@ -9,6 +9,11 @@
 - `targets_table`: the goals of `bench.lib.targets.TARGETS`, met or missed (on the means).
 - `clairvoyant_table`: every router's hit rate and TTFT p99 as a fraction of the clairvoyant
   reference's (`bench.lib.targets.relative_to`).
+- `paired_table`: every arm against the reference arm (`bench.lib.aggregate.paired_figures`):
+  per figure the mean over the repetitions, x the geometric mean of the paired ratios with its
+  95% interval, and "better" / "worse" only where the interval excludes 1.
+- `path_table`: the path's own time: Envoy's first byte to upstream request (p50 / p99, from
+  the access log), the picker's decision (p50 / p99, its histogram) and the router's CPU per request.
 - `bound_table`: every router's hit rate against the finite-cache bound of its own runs
   (`bench.lib.cache_bound`) and, on real engines, against the placement reference
   (`bench.lib.placement_reference`).
@@ -134,6 +139,66 @@ def clairvoyant_table(summaries: Rows) -> str:
         for router, r in rows.items():
             if router != "clairvoyant":
                 lines.append(f"| {workload} | {router} | {_ratio(r['hit_rate'])} | {_ratio(r['ttft_p99'])} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+PAIRED_TITLES = {"hit_rate": "hit rate", "hit_of_reference": "hit / placement reference", "ttft_ms.p50": "TTFT p50",
+                 "ttft_ms.p90": "TTFT p90", "ttft_ms.p99": "TTFT p99", "gateway_ms.p99": "path p99 (ms)"}
+
+
+def paired_cell(path: str, f: Mapping[str, Any] | None) -> str:
+    if f is None:
+        return "-"
+    mean = _pct(f["mean"]) if path.startswith("hit") else fmt(f["mean"], 1 if path.startswith("gateway") else 0)
+    if "ratio" not in f:
+        return mean
+    interval = f"{_bound(f['low'])}-{_bound(f['high'])}" if f["low"] == f["low"] else f"n={f['n']}"
+    claim = f" **{f['verdict']}**" if f["verdict"] else ""
+    return f"{mean} x{_ratio3(f['ratio'])} [{interval}]{claim}"
+
+
+def _ratio3(value: float) -> str:
+    return "-" if value != value else f"{value:.3f}"
+
+
+def _bound(value: float) -> str:
+    """3 decimals, more where a bound other than 1 would read 1.000 (and so seem to hold 1)."""
+    for digits in range(3, 7):
+        text = f"{value:.{digits}f}"
+        if value == 1.0 or float(text) != 1.0:
+            return text
+    return text
+
+
+def paired_table(figures: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]], reference: str) -> str:
+    """'' without figures; a column per figure any arm has (PAIRED_TITLES' order)."""
+    paths = [p for p in PAIRED_TITLES if any(p in arm for rows in figures.values() for arm in rows.values())]
+    if not paths:
+        return ""
+    lines = ["| workload | arm | " + " | ".join(PAIRED_TITLES[p] for p in paths) + " |",
+             "|---|---|" + "---:|" * len(paths)]
+    for workload, rows in figures.items():
+        for router, arm in rows.items():
+            name = f"{router} (reference)" if router == reference else router
+            lines.append(f"| {workload} | {name} | " + " | ".join(paired_cell(p, arm.get(p)) for p in paths) + " |")
+    return "\n".join(lines)
+
+
+def path_table(summaries: Rows, spreads: Mapping[str, Mapping[str, Spread]] | None = None) -> str:
+    """The setups with a measured path (Envoy's access log or a picker's decision histogram); ''
+    where none has one."""
+    lines = ["| workload | router | Envoy to upstream p50 | p99 | decision p50 | p99 | router CPU ms/req |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for workload, rows in summaries.items():
+        for router, r in rows.items():
+            g, d = r.get("gateway_ms"), r.get("decision_ms")
+            if not g and not d:
+                continue
+            spread = (spreads or {}).get(workload, {}).get(router, {})
+            cells = [cell(v[q], spread.get(f"{key}.{q}"), _ms2) if v else "-"
+                     for key, v in (("gateway_ms", g), ("decision_ms", d)) for q in ("p50", "p99")]
+            lines.append(f"| {workload} | {router} | " + " | ".join(cells)
+                         + f" | {fmt(r.get('router_cpu_ms_per_request', float('nan')), 2)} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

@@ -16,6 +16,14 @@ the same probe after one long prompt runs. Every run of the matrix then goes thr
 2. `mark()` after the router's probe, `figures(mark)` after the load: wait idle again and take
    the engines' own counters' deltas (`engine_figures`).
 
+`started(tmp, nice)` runs the engines at niceness `nice` (`ENGINE_NICE`, 19, for `bench.run
+--backend vllm`; `--engine-nice`): every engine process below the routers' (Envoy, the picker,
+sglang-router) and the client's, so on cores the engines keep busy an exchange on the router's
+path does not wait for one, and every router pays its path's own CPU, not the engines' queue for
+a core. `configure(extra_args)` restarts both engines with other `vllm serve` flags (a workload's
+`--max-num-seqs`, `bench.lib.vllm_workloads.engine_args`) when they differ from what runs, and
+warms them again.
+
 `engine_figures(keys, before, after)`: the engines' hit rate, delta `vllm:prefix_cache_hits_total`
 / delta `vllm:prefix_cache_queries_total` summed over the engines (tokens; NaN without queries),
 each engine's finished requests (delta `vllm:request_success_total`), which stand for the
@@ -47,6 +55,7 @@ HITS, QUERIES, SUCCESS = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_quer
 TTFT, QUEUE = "vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds"
 BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 IDLE_TIMEOUT_S = 120.0
+ENGINE_NICE = 19  # the engines' niceness under bench.run --backend vllm (module docstring)
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,21 @@ class VllmBackend:
     def picker_args(self) -> tuple[str, ...]:
         return ("--tokenizer", str(self.tokenizer_json), "--kv-events-block-size", str(BLOCK_SIZE))
 
+    def configure(self, extra_args: Sequence[str]) -> bool:
+        """Both engines restarted with `extra_args` after the rig's flags, if they run with others;
+        whether they were."""
+        wanted = tuple(extra_args)
+        if all(e.extra_args == wanted and e.proc is not None and e.proc.alive() for e in self.engines):
+            return False
+        for engine in self.engines:
+            engine.stop()
+            engine.extra_args = wanted
+            engine.launch()
+        for engine in self.engines:
+            engine.wait_healthy()
+            warm(engine)
+        return True
+
     def wait_idle(self, timeout: float = IDLE_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
         while any(busy(e.get("/metrics")) for e in self.engines):
@@ -152,9 +176,9 @@ class VllmBackend:
 
 
 @contextlib.contextmanager
-def started(tmp: Path) -> Iterator[VllmBackend]:
-    """ENGINES engines serving MODEL, healthy on entry, stopped on exit (~30 s to start)."""
-    with engines(tmp, ENGINES, served_model_name=MODEL) as started_engines:
+def started(tmp: Path, nice: int = 0) -> Iterator[VllmBackend]:
+    """ENGINES engines serving MODEL at niceness `nice`, healthy on entry, stopped on exit (~30 s to start)."""
+    with engines(tmp, ENGINES, served_model_name=MODEL, nice=nice) as started_engines:
         for engine in started_engines:
             warm(engine)
         yield VllmBackend(started_engines)

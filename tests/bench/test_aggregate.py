@@ -141,8 +141,9 @@ def test_one_repetition_has_no_range_and_clairvoyant_table() -> None:
 
 
 def test_default_matrix_and_goal_candidates() -> None:
-    assert DEFAULT_ROUTERS == ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-weighted",
-                               "sglang-router", "clairvoyant")
+    assert DEFAULT_ROUTERS == ("random", "round-robin", "least-request", "prefix-epp", "prefix-epp-cache-aware",
+                               "prefix-epp-weighted", "sglang-router", "clairvoyant")
+    # The reference policy is what the candidates are compared with, not a candidate.
     assert candidates_of([*DEFAULT_ROUTERS, "prefix-epp --spill-absolute 2"]) == [
         "prefix-epp", "prefix-epp-weighted", "prefix-epp --spill-absolute 2"]
     assert "--repeat 3" in (Path(__file__).parents[2] / "Makefile").read_text()

@@ -7,10 +7,10 @@ import os
 import time
 from pathlib import Path
 
+from bench.lib.draws import Draw
 from bench.lib.oracle import pooled_oracle
 from bench.lib.report import write_results
 from bench.lib.runner import process_cpu_s
-from bench.run import Draw
 
 
 def test_process_cpu_counts_this_process_and_ignores_gone_pids() -> None:

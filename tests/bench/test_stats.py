@@ -12,12 +12,15 @@ from bench.lib.client import RequestResult
 from bench.lib.stats import (
     histogram_quantile,
     hit_rate,
+    paired_ratio,
     parse_histogram,
     percentile,
     prediction_accuracy,
     prefill_work_s,
     replica_load,
     summarize,
+    t975,
+    verdict,
 )
 from bench.lib.targets import evaluate_targets, relative_to
 
@@ -199,3 +202,56 @@ def test_precise_targets_compare_with_the_approximate_router() -> None:
     assert not p90.met and p90.bound == 500.0 and p90.miss == "20%"
     assert targets["precise within one block >= 95%"].met
     assert len(targets) == 2  # shared-prefix was not run
+
+
+def test_student_t_quantiles_are_the_tables_and_the_expansion_beyond() -> None:
+    assert t975(1) == 12.706 and t975(4) == 2.776 and t975(30) == 2.042
+    assert t975(60) == pytest.approx(2.000, abs=0.001)  # tables: 2.000 (60), 1.980 (120)
+    assert t975(120) == pytest.approx(1.980, abs=0.001)
+    assert t975(31) < t975(30)
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+def test_paired_ratio_of_two_repetitions_by_hand() -> None:
+    # Ratios 2 and 4: log2 ratios 1 and 2, mean 1.5, sd 1/sqrt(2); half width t(1) sd / sqrt(2) = t(1) / 2.
+    p = paired_ratio([2.0, 8.0], [1.0, 2.0])
+    assert p.n == 2
+    assert p.ratio == pytest.approx(2**1.5)
+    assert p.low == pytest.approx(2 ** (1.5 - 12.706 / 2)) and p.high == pytest.approx(2 ** (1.5 + 12.706 / 2))
+    assert not p.excludes_one and verdict(p, higher_is_better=False) == ""
+
+
+def test_paired_ratio_of_three_repetitions_by_hand() -> None:
+    # Ratios 2, 4, 8: log2 ratios 1, 2, 3, mean 2, sd 1; half width t(2) / sqrt(3) = 4.303 / 1.732 = 2.484.
+    p = paired_ratio([2.0, 4.0, 8.0], [1.0, 1.0, 1.0])
+    assert p.ratio == pytest.approx(4.0)
+    assert p.low == pytest.approx(2 ** (2 - 4.303 / math.sqrt(3)))  # 0.715: the interval holds 1
+    assert p.high == pytest.approx(2 ** (2 + 4.303 / math.sqrt(3)))  # 22.4
+    assert not p.excludes_one
+
+
+def test_a_steady_ratio_excludes_one_and_the_verdict_follows_the_direction() -> None:
+    # Five repetitions, each arm 10% faster than the reference, give or take 1%.
+    faster = paired_ratio([0.89, 0.90, 0.91, 0.90, 0.90], [1.0] * 5)
+    logs = [math.log(r) for r in (0.89, 0.90, 0.91, 0.90, 0.90)]
+    mean = sum(logs) / 5
+    sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / 4)
+    assert faster.ratio == pytest.approx(math.exp(mean))
+    assert faster.high == pytest.approx(math.exp(mean + 2.776 * sd / math.sqrt(5)))
+    assert faster.high < 1.0
+    assert verdict(faster, higher_is_better=False) == "better"  # a time: lower is better
+    assert verdict(faster, higher_is_better=True) == "worse"  # a hit rate: higher is better
+    same = paired_ratio([1.1, 1.1, 1.1], [1.0, 1.0, 1.0])  # no spread: the interval is the point
+    assert same.low == pytest.approx(1.1) and same.high == pytest.approx(1.1)
+    assert verdict(same, higher_is_better=True) == "better"
+
+
+def test_pairs_without_a_positive_figure_are_left_out_and_one_pair_has_no_interval() -> None:
+    p = paired_ratio([0.0, 2.0, math.nan], [0.0, 1.0, 1.0])  # 0/0 (no hits at all) and a missing figure
+    assert p.n == 1 and p.ratio == pytest.approx(2.0)
+    assert math.isnan(p.low) and math.isnan(p.high) and not p.excludes_one and verdict(p, True) == ""
+    empty = paired_ratio([], [])
+    assert empty.n == 0 and math.isnan(empty.ratio)
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0, 2.0])  # pairs, or nothing

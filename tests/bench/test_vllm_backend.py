@@ -1,13 +1,16 @@
 """The real-vLLM backend's arithmetic and bookkeeping, without an engine: the engines' hit rate and
 request counts from their counters, those counts as the load columns when no response names its
 engine, what the tables say, the clairvoyant reference refused under `--backend vllm`, and a
-matrix that goes on when one setup fails against the engines."""
+matrix that goes on when one setup fails against the engines; and an engine process started
+below the routers' priority, with a workload's own flags."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +21,7 @@ from bench import run
 from bench.lib import vllm_backend
 from bench.lib.cache_bound import BlockTrace
 from bench.lib.client import RequestResult, RunResult
+from bench.lib.draws import Draw
 from bench.lib.oracle import OracleResult
 from bench.lib.report import write_results
 from bench.lib.routers import SimSettings
@@ -26,6 +30,8 @@ from bench.lib.stats import gateway_figures, with_engine_load
 from bench.lib.tables import results_table, ttft_split_table
 from bench.lib.vllm_backend import Counters, busy, counters, engine_figures, engine_info
 from bench.lib.workloads import build
+from testkit.vllm import Engine
+from testkit.vllm_env import VllmEnv
 
 METRICS = b"""# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter
@@ -140,10 +146,14 @@ def test_clairvoyant_is_refused_on_real_vllm(capsys: pytest.CaptureFixture[str])
     assert "clairvoyant is a simulator reference" in capsys.readouterr().err
 
 
-def test_real_vllm_has_sized_workloads_for_three_workloads_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_real_vllm_runs_its_sized_workloads_only_and_decode_heavy_runs_there_only(
+        capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        run.main(["--backend", "vllm", "--workloads", "bursts", "--routers", "random"])
+        run.main(["--backend", "vllm", "--workloads", "mixed-length", "--routers", "random"])
     assert "vLLM-sized workloads" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--workloads", "decode-heavy", "--routers", "random"])
+    assert "--sim-profile decode-bound" in capsys.readouterr().err
 
 
 def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
@@ -151,9 +161,11 @@ def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
     started: list[Path] = []
 
     @contextlib.contextmanager
-    def fake_engines(tmp: Path) -> Iterator[object]:
+    def fake_engines(tmp: Path, nice: int) -> Iterator[object]:
+        assert nice == 0  # run_all's default; bench.run's command line gives ENGINE_NICE
         started.append(tmp)
-        yield SimpleNamespace(engines=[SimpleNamespace(key="a"), SimpleNamespace(key="b")])
+        yield SimpleNamespace(engines=[SimpleNamespace(key="a"), SimpleNamespace(key="b")],
+                              configure=lambda extra: False)
 
     def fake_run(_tmp: Path, _w: object, router: RouterSpec, _sim: object, _log: object,
                  backend: object = None) -> Outcome:
@@ -164,10 +176,10 @@ def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
         return Outcome(row, RunResult([RequestResult(0, 0, "x", 0.0, 0.0, 200, 0.1, 1.0, 100, 0, 10)], 1.0))
 
     wl = build("no-reuse", quick=True)
-    draw = run.Draw({"shared-prefix": wl}, {"shared-prefix": OracleResult(100, 50, 10, 5)},
+    draw = Draw({"shared-prefix": wl}, {"shared-prefix": OracleResult(100, 50, 10, 5)},
                     {"shared-prefix": SimSettings(replicas=2, kv_cache_blocks=512, block_size=32)},
                     {"shared-prefix": {(0, 0): BlockTrace(100, 32, (), ())}})
-    monkeypatch.setattr(run.Draw, "of", classmethod(lambda cls, *a, **k: draw))
+    monkeypatch.setattr(Draw, "of", classmethod(lambda cls, *a, **k: draw))
     monkeypatch.setattr(vllm_backend, "started", fake_engines)
     monkeypatch.setattr(run, "run_retrying", fake_run)
     run.run_all(["shared-prefix"], [RouterSpec("random"), RouterSpec("sglang-router")], quick=False, replicas=4,
@@ -183,3 +195,34 @@ def test_a_setup_that_fails_against_the_engines_is_noted_and_the_matrix_goes_on(
     assert doc["repetitions"][0]["shared-prefix"]["random"]["hit_reference"] == 0.0  # nothing to hit
     md = (tmp_path / "v.md").read_text()
     assert md.startswith("Engines: 2 real vLLM engines") and "Not run: sglang-router: failed" in md
+
+
+def _niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of stat(5): nice
+
+
+def test_engines_run_below_the_routers_priority_with_their_workloads_flags(tmp_path: Path) -> None:
+    # A stand-in for `vllm serve` (the engine's own argv is the rig's, tests/e2e run the real one):
+    # the launched process must be the engine itself at the asked niceness, its flags last.
+    fake = tmp_path / "root" / "venv" / "bin" / "vllm"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    engine = Engine(VllmEnv(tmp_path / "root", tmp_path / "model"), "127.0.0.2", 1, 2, 3, tmp_path / "e", core=0,
+                    nice=vllm_backend.ENGINE_NICE, extra_args=("--max-num-seqs", "2"))
+    assert engine.command()[:3] == ["nice", "-n", "19"] and engine.command()[-2:] == ["--max-num-seqs", "2"]
+    assert Engine(engine.env, "127.0.0.2", 1, 2, 3, tmp_path / "e", core=0).command() == engine.args()
+    (tmp_path / "e").mkdir()
+    engine.launch()
+    try:
+        assert engine.proc is not None
+        deadline = time.monotonic() + 10
+        while (Path(f"/proc/{engine.proc.pid}/comm").read_text().strip() != "sleep"
+               and time.monotonic() < deadline and engine.proc.alive()):
+            time.sleep(0.02)
+        assert Path(f"/proc/{engine.proc.pid}/comm").read_text().strip() == "sleep", engine.proc.log_text()
+        # `nice -n 19` adds 19 to the caller's niceness, up to the most there is, 19.
+        assert _niceness(engine.proc.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)
+    finally:
+        engine.stop()
