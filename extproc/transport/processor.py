@@ -63,7 +63,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from extproc.control.affinity import header_to_read
@@ -89,6 +89,7 @@ _BUFFERED = mode_pb.ProcessingMode.BUFFERED
 _FULL_DUPLEX = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
 _NONE = mode_pb.ProcessingMode.NONE
 EXPLAIN_HEADER = "x-prefix-epp-decision"
+QUEUE_DURATION_HEADER = "x-llm-d-flow-queue-duration-ms"
 _SUPPORTED_BODY_MODES = frozenset({_BUFFERED, _FULL_DUPLEX})
 _MAX_ECHOED_ID = 256  # a longer client x-request-id is not echoed in error replies
 _refused_modes_logged: set[int] = set()
@@ -177,8 +178,12 @@ class StreamProcessor:
                 if intake.fits(last) and self._director.wants_tokens(ctx):
                     await self._director.prepare(ctx, intake.peek(last))
                 del last
+            if body.end_of_stream and self._holds():
+                return await self._hold(len(body.body), lambda: self.on_request_body(body))
             return self.on_request_body(body)
         if kind == "request_trailers":
+            if self._holds():
+                return await self._hold(0, self.on_request_trailers)
             return self.on_request_trailers()
         if kind == "response_headers":
             return self.on_response_headers(msg.response_headers, msg)
@@ -227,7 +232,7 @@ class StreamProcessor:
             # Envoy honours mode_override only in a headers reply and without full-duplex bodies.
             ctx.sampled = self._director.usage_sampler.take()
             # Response headers only when read: to explain, or to learn which of several endpoints served.
-            headers = self.ctx.explain or self._director.config.max_endpoints > 1
+            headers = self.ctx.explain or self._director.config.max_endpoints > 1 or self._director.flow is not None
             body = ctx.sampled or self._director.learns_response_id(ctx)  # usage sample, response id
             R.override_response_mode(resp, self._request_mode, headers=headers, body=body)
         return [resp]
@@ -258,6 +263,24 @@ class StreamProcessor:
         if not body.end_of_stream:
             return []
         return self._route_body()
+
+    def _holds(self) -> bool:
+        """Whether the body just completed goes through flow control first."""
+        return self._director.flow is not None and not self._intake.done and self._request_mode in _SUPPORTED_BODY_MODES
+
+    async def _hold(self, last: int, route: Callable[[], list[pb.ProcessingResponse]]) -> list[pb.ProcessingResponse]:
+        """Flow control (extproc/flowcontrol/): wait for the request's turn, then `route` it at that
+        turn. A last chunk of `last` bytes stays in its message, one copy, charged to the body
+        budget meanwhile. The stream's end (client gone) cancels the wait, which takes the request
+        out of its queue."""
+        intake = self._intake
+        refused = intake.reserve_last(last)
+        if refused is not None:
+            return [self._refuse_body(refused)]
+        try:
+            return await self._director.hold(self.ctx, intake.received + last, route)
+        except EppError as err:
+            return [self._refuse_body(err)]
 
     def on_request_trailers(self) -> list[pb.ProcessingResponse]:
         out = [] if self._intake.done else self._route_body()
@@ -362,6 +385,8 @@ class StreamProcessor:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
         elif self.ctx.explain and self._endpoint is not None:
             extra = ((EXPLAIN_HEADER, f"endpoint={self._endpoint.key}; bodiless"),)
+        if self.ctx.queued_ms is not None:  # flow control held it (0: dispatched at once)
+            extra = (*extra, (QUEUE_DURATION_HEADER, str(self.ctx.queued_ms)))
         if headers.end_of_stream:
             self._usage = None
             self._complete()
