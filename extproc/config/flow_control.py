@@ -99,6 +99,15 @@ class FlowControlConfig:
         t = self.no_endpoint_request_ttl_s
         return self.default_request_ttl_s if t is None else t
 
+    def ttl_beyond(self, timeout_s: float) -> list[str]:
+        """The TTLs (by field) a request may wait longer than `timeout_s`, the proxy's ext_proc
+        message timeout: the proxy would answer 504 first. 0 (no limit) is among them."""
+        ttls = [("defaultRequestTTL", self.default_request_ttl_s), ("noEndpointRequestTTL", self.no_endpoint_ttl_s)]
+        ttls += [(f"priorityBands (priority {b.priority}).defaultRequestTTL", b.request_ttl_s)
+                 for b in (*self.bands, self.default_band, self.default_negative_band)
+                 if b is not None and b.request_ttl_s is not None]
+        return [name for name, t in ttls if t == 0 or t >= timeout_s]
+
 
 # -- values ---------------------------------------------------------------------------------------
 _QUANTITY = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")

@@ -223,6 +223,10 @@ class ProxyTrafficConfig:
     # and may send a request on one the server is closing: a 503 "connection termination".
     # Closing them first avoids the race.
     upstream_idle_timeout_s: float = 4.0
+    # ext_proc message timeout: how long Envoy waits for the picker's answer to one message. A
+    # request held by flow control waits in that answer (BUFFERED bodies), so it must exceed every
+    # flow-control TTL (extproc/config/flow_control.py `ttl_beyond`); the Go EPP's value.
+    ext_proc_message_timeout_s: int = 1000
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from extproc.config.settings import EppConfig
+from extproc.config.settings import EppConfig, ProxyTrafficConfig
 from extproc.control.director import Director
 from extproc.core.background import Supervised, supervise
 from extproc.core.datastore import Datastore, Endpoint
@@ -117,6 +117,11 @@ class App:
         if cfg.refresh_metrics_interval_s > 0:
             self.scraper = MetricsScraper(cfg, self.datastore, self.index)
         if cfg.flow_control.enabled:  # it admits instead of the detector's 429 for sheddable requests
+            timeout = ProxyTrafficConfig().ext_proc_message_timeout_s
+            for name in cfg.flow_control.ttl_beyond(timeout):
+                log.warning("a flow-control TTL is not below the proxy's ext_proc message timeout: a request held "
+                            "that long gets the proxy's 504; raise the proxy's timeout (docs/flow-control.md)",
+                            extra={"field": name, "message_timeout_s": timeout})
             self.flow = FlowController(cfg.flow_control, self.datastore, make_detector(cfg.flow_control,
                                                                                        cfg.saturation))
         self.director = Director(cfg, self.datastore, self.scheduler,
