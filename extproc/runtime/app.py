@@ -122,6 +122,10 @@ class App:
                 log.warning("a flow-control TTL is not below the proxy's ext_proc message timeout: a request held "
                             "that long gets the proxy's 504; raise the proxy's timeout (docs/flow-control.md)",
                             extra={"field": name, "message_timeout_s": timeout})
+            if cfg.flow_control.detector == "utilization-detector" and cfg.refresh_metrics_interval_s <= 0:
+                log.warning("flow control's utilization-detector reads the engines' scrapes, and scraping is off "
+                            "(--refresh-metrics-interval 0): every endpoint counts as saturated, nothing is "
+                            "dispatched; use concurrency-detector or turn scraping on")
             self.flow = FlowController(cfg.flow_control, self.datastore, make_detector(cfg.flow_control,
                                                                                        cfg.saturation))
         self.director = Director(cfg, self.datastore, self.scheduler,

@@ -38,6 +38,8 @@ other reply and whenever its static request or response body mode is FULL_DUPLEX
 FULL_DUPLEX_STREAMED response bodies (the reference configuration) every chunk is echoed back and
 only sampled requests feed the usage parser (and `/v1/responses` the id reader).
 
+With flow control on (extproc/flowcontrol/) the complete body then waits in `Director.hold` for
+its turn (`_hold`), and is routed at that turn; the stream's end cancels the wait.
 With KV events (a tokenizer) the complete body is first handed to `Director.prepare`, awaited,
 before routing, so tokenization never runs on the event loop; with --kv-events alone only for the
 requests the usage sampler picks (`Director.wants_tokens`).

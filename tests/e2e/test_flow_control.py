@@ -5,8 +5,9 @@ With a concurrency detector at 2 requests per engine the picker holds what the e
 their own waiting queues stay empty while the picker's queue grows, and held requests go out as
 slots free, each with the time it was held. Each outcome happens for real: a full band (429
 rejected-saturated), a TTL that passes (429 rejected-ttl-expired), a client that leaves (its
-request leaves the queue), a pool without endpoints (503 rejected-no-endpoints), and a request
-held for seconds is dispatched, not cut by Envoy.
+request leaves the queue), a pool without endpoints (503 rejected-no-endpoints, discovered through
+a Kubernetes API; a request waiting when a pod turns Ready goes to it), and a request held for
+seconds is dispatched, not cut by Envoy.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.server import run_replicas
 from testkit.envoy import run_envoy
+from testkit.kube import PODS, POOL_V1, KubeApi, pod, pool_v1
 from testkit.picker import Picker, Samples, picker_for, until, value
+from testkit.procs import free_ports, prefix_epp
 
 pytestmark = pytest.mark.e2e
 
@@ -146,3 +149,41 @@ async def test_without_flow_control_the_engines_queue_instead(tmp_path: Path) ->
         assert [r[0] for r in results] == [200] * 10
         assert "x-llm-d-flow-queue-duration-ms" not in results[0][1]
         assert most >= 4  # 10 requests on 4 slots: the engines hold the rest, 2 or more waiting for a slot
+
+
+async def test_an_empty_pool_holds_requests_until_an_endpoint_comes_then_answers_503(tmp_path: Path) -> None:
+    # Kubernetes discovery (a real HTTP API, testkit/kube.py) of a pool whose pods are not there yet.
+    config = ("apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\nfeatureGates: [flowControl]\n"
+              "flowControl: {noEndpointRequestTTL: 1s, saturationDetector: {pluginRef: concurrency-detector}}\n")
+    api = KubeApi().start()
+    grpc_port, health_port, metrics_port = free_ports(3)
+    args = prefix_epp("serve", "--pool-name", "pool", "--pool-namespace", "default", "--kubeconfig",
+                      str(api.write_kubeconfig(tmp_path / "kubeconfig")), "--secure-serving=false",
+                      "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--grpc-health-port",
+                      str(health_port), "--metrics-port", str(metrics_port), "--refresh-metrics-interval", "0",
+                      "--config-text", config)
+    picker = Picker(grpc_port, health_port, metrics_port, args, tmp_path / "picker.log")
+    try:
+        async with run_replicas(SIM, 1, base_port=0) as reps:
+            api.create(POOL_V1, pool_v1("pool", {"app": "vllm"}, [reps[0].port]))
+            await asyncio.to_thread(picker.start)
+            with contextlib.ExitStack() as stack:
+                _, listen, _ = await asyncio.to_thread(stack.enter_context, run_envoy(tmp_path, grpc_port))
+                url = f"http://127.0.0.1:{listen}/v1/completions"
+                async with aiohttp.ClientSession() as s:
+                    start = asyncio.get_running_loop().time()
+                    status, headers, body = await post(s, url, 5)
+                    assert status == 503 and headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
+                    assert asyncio.get_running_loop().time() - start >= 1.0 and b"ServiceUnavailableError" in body
+                    # A request waiting when the first pod turns Ready goes to it.
+                    waiting = asyncio.create_task(post(s, url, 5))
+                    await until(picker, lambda m: queued(m) == 1)
+                    await asyncio.to_thread(api.create, PODS, pod("pod-0", {"app": "vllm"}))
+                    status, headers, _ = await asyncio.wait_for(waiting, 30)
+                    assert status == 200 and int(headers["x-llm-d-flow-queue-duration-ms"]) > 0
+                m = await until(picker, lambda m: outcome(m, "EvictedNoEndpoints") == 1
+                                and outcome(m, "Dispatched") == 1)
+                assert queued(m) == 0
+    finally:
+        await asyncio.to_thread(picker.stop)
+        api.close()
