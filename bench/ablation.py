@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.ablation import MECHANISMS, ON, Ratio, arms, cell, paired_ratio, picker_args
+from bench.lib.draws import Draw
 from bench.lib.profiles import PROFILES
 from bench.lib.report import RESULTS
 from bench.lib.runner import RouterSpec, run_retrying
 from bench.lib.workloads import WORKLOADS
-from bench.run import DEFAULT_REPLICAS, Draw
+from bench.run import DEFAULT_REPLICAS
 
 METRICS = (("ttft_p50", False), ("ttft_p99", False), ("hit_rate", True))  # (figure, higher is better)
 

@@ -15,13 +15,15 @@ Rooms, lowest first; a room imports only rooms below it (tests/test_layering.py 
 | `scraping` | model-server /metrics scraped into the datastore |
 | `sync` | peer sync of the prefix index between picker replicas |
 | `scheduling` | filters, scorers (one file each), pickers, the scheduler and its latency model |
+| `flowcontrol` | requests held while the pool is saturated: priority bands, fairness flows, TTLs |
 | `control` | request control: the director, affinity hints, the closed loop on reported usage |
 | `telemetry` | the picker's own Prometheus metrics and their /metrics endpoint |
 | `transport` | the ext_proc gRPC transport: the stream state machine, responses, health, TLS |
 | `runtime` | process wiring: the app, worker processes, drain |
 | `commands` | the CLI: `serve`, `envoy-config`, `sim` (the simulator, package `prefix_epp_sim`) |
 
-Data flows one way on the request path: transport -> control (parse, tokenize) -> scheduling ->
-decision -> transport. Discovery, scraping, KV events and sync fill the datastore and the indexes
-in the background; the request path only reads them.
+Data flows one way on the request path: transport -> control (parse, tokenize) -> [flowcontrol:
+wait for a turn while the pool is saturated] -> scheduling -> decision -> transport. Discovery,
+scraping, KV events and sync fill the datastore and the indexes in the background; the request
+path only reads them.
 """

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("request", "prefix"),
     ("tokenization", "kvevents", "discovery", "scraping"),
     ("sync", "scheduling"),
+    ("flowcontrol",),
     ("control",),
     ("telemetry",),
     ("transport",),

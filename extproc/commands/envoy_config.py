@@ -154,7 +154,7 @@ def build_config(
             _TYPE: "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
             "failure_mode_allow": failure_mode_allow,
-            "message_timeout": "1000s",
+            "message_timeout": f"{traffic.ext_proc_message_timeout_s}s",
             "processing_mode": processing_mode(request_body_mode, response_processing),
             "allow_mode_override": True,
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]},

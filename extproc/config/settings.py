@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Literal
 
+from extproc.config.flow_control import FlowControlConfig
+
 MIN_SCORED_ENDPOINTS = 4  # --max-scored-endpoints: a holder, two of the least waiting and a sample at the least
 
 
@@ -242,6 +244,10 @@ class ProxyTrafficConfig:
     # and may send a request on one the server is closing: a 503 "connection termination".
     # Closing them first avoids the race.
     upstream_idle_timeout_s: float = 4.0
+    # ext_proc message timeout: how long Envoy waits for the picker's answer to one message. A
+    # request held by flow control waits in that answer (BUFFERED bodies), so it must exceed every
+    # flow-control TTL (extproc/config/flow_control.py `ttl_beyond`); the Go EPP's value.
+    ext_proc_message_timeout_s: int = 1000
 
 
 @dataclass(frozen=True)
@@ -366,6 +372,9 @@ class EppConfig:
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
     latency: LatencyConfig = field(default_factory=LatencyConfig)
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
+    # Flow control (extproc/flowcontrol/): off unless an EndpointPickerConfig's featureGates lists
+    # flowControl; its `flowControl:` section (extproc/config/flow_control.py) fills this.
+    flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
     metrics_source: MetricsSourceConfig = field(default_factory=MetricsSourceConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)

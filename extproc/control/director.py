@@ -29,6 +29,11 @@ the response id that the next turn's `previous_response_id` names (extproc/contr
 Only for these does the processor ask the proxy for the response body.
 
 Bodiless requests (GET /v1/models) skip 1, 4 and 5: a random candidate is chosen.
+
+Flow control (`flow`, when the EndpointPickerConfig's feature gate turns it on): the processor
+awaits `hold(ctx, size, dispatch)` once the body is complete; it resolves the request's flow (its
+fairness id and its objective's priority) and waits in extproc/flowcontrol/ until `dispatch`
+(which calls `route`) may run. Admission (4.) is then flow control's, not the 429 of saturation.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import random
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from extproc.config.settings import EppConfig
 from extproc.control.affinity import affinity_hint, response_key
@@ -48,6 +53,7 @@ from extproc.control.response_ids import ResponseWatch
 from extproc.control.usage import Prediction, Report, UsageSampler, UsageTracker, matched_bytes
 from extproc.core.datastore import Datastore, Endpoint, split_host_port
 from extproc.core.errors import EppError, ErrorCode
+from extproc.flowcontrol.controller import FlowController, flow_request
 from extproc.kvevents.lookahead import HeldPrefix
 from extproc.prefix.hashing import affinity_hash, block_hashes
 from extproc.request.openai import Api, ParsedRequest, api_from_path, parse_request
@@ -56,6 +62,7 @@ from extproc.scheduling.scheduler import Decision, Scheduler
 from extproc.tokenization.factory import Tokenizer
 
 Admission = Callable[[SchedulingRequest, Sequence[Endpoint]], None]
+T = TypeVar("T")
 log = logging.getLogger("prefix_epp.director")
 # Prompts at most being keyed after their answers, and their prompt bytes in all: each holds its
 # parsed body for the few milliseconds that takes. Beyond, a prompt keeps the speculative keys up
@@ -99,6 +106,9 @@ class RequestContext:
     affinity_source: str = ""  # set by route: where the request's affinity hint came from, if any
     sampled: bool | None = None  # the usage sampler's answer for this request (None: not asked yet)
     explain: bool = False  # the decision is explained in a response header (--explain-decisions)
+    fairness_id: str = ""  # flow control: x-llm-d-inference-fairness-id (or its x-gateway- alias)
+    request_ttl: str = ""  # flow control: x-llm-d-inference-ttl, as sent
+    queued_ms: int | None = None  # flow control: milliseconds held before dispatch (None: not under it)
 
 
 def _matches(ep: Endpoint, wanted: set[str]) -> bool:
@@ -150,6 +160,7 @@ class Director:
         self.usage_sampler = UsageSampler(config.usage_sample_rate)
         self.finishing: set[asyncio.Task[None]] = set()  # prompts keyed after their answers
         self._keying_bytes = 0  # their prompt bytes
+        self.flow: FlowController | None = None  # flow control, when its feature gate is on
 
     def candidates(self, ctx: RequestContext) -> list[Endpoint]:
         endpoints: list[Endpoint] = list(self.datastore.snapshot())
@@ -205,6 +216,16 @@ class Director:
         if held is not None and request.token_keys and self.scheduler.precise is not None:
             self._finish_keys_later(parsed, held, decision.primary.key, request.prompt_bytes)
         return decision
+
+    async def hold(self, ctx: RequestContext, size: int, dispatch: Callable[[], T]) -> T:
+        """Flow control: wait for the request's turn in its flow (fairness id, objective priority),
+        then return `dispatch()`, run at that turn; EppError when refused or evicted."""
+        assert self.flow is not None
+        priority = self.priority_of(ctx.objective) if ctx.objective else 0
+        request = flow_request(ctx.fairness_id, ctx.request_ttl, priority, size, self.flow.config.max_header_chars)
+        result, waited = await self.flow.submit(request, dispatch)
+        ctx.queued_ms = round(waited * 1000)
+        return result
 
     def route_bodiless(self, ctx: RequestContext) -> Endpoint:
         candidates = self.candidates(ctx)

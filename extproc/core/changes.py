@@ -8,21 +8,31 @@ datastore appends an endpoint's key here whenever it changes one of them (a requ
 answered, a scrape landing, an endpoint added), and a reader asks for the keys appended since the
 position it read last: its work per decision is the number of changes, not the pool's size.
 
+Listeners (`listen`) are called after every key added: flow control's dispatcher wakes on them
+(extproc/flowcontrol/controller.py), as a change of load may let a held request go.
+
 Bounded: once more than LIMIT keys are kept, the older half is dropped; a reader whose position
 lies before what is kept gets None from `since` and recomputes everything, as at its first read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 LIMIT = 4096
 
 
 class Changes:
-    __slots__ = ("_keys", "_start")
+    __slots__ = ("_keys", "_listeners", "_start")
 
     def __init__(self) -> None:
         self._keys: list[str] = []
         self._start = 0  # the position of _keys[0]
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` after each key added (keep it O(1): it runs on every request's start and end)."""
+        self._listeners.append(fn)
 
     def add(self, key: str) -> None:
         keys = self._keys
@@ -31,6 +41,8 @@ class Changes:
             drop = len(keys) - LIMIT // 2
             del keys[:drop]
             self._start += drop
+        for fn in self._listeners:
+            fn()
 
     @property
     def position(self) -> int:

@@ -141,6 +141,10 @@ class Datastore:
         """`fn(endpoint)` when a scrape shows the engine's process started anew (its cache is empty)."""
         self._on_restarted.append(fn)
 
+    def on_changed(self, fn: Callable[[], None]) -> None:
+        """`fn()` whenever an endpoint's in-flight count or scrape changes, or one is added (`changes`)."""
+        self.changes.listen(fn)
+
     def on_acquired(self, fn: Listener) -> None:
         """`fn(endpoint)` when a request is routed there (the scraper refreshes it sooner); keep it O(1)."""
         self._on_acquired.append(fn)

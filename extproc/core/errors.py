@@ -54,14 +54,18 @@ CONTENT_TYPE = "application/json"
 class EppError(Exception):
     """A request-level failure that becomes an HTTP error response at the proxy.
 
-    `retry_after_s`, when set, becomes a `Retry-After` header (429 under memory pressure).
+    `retry_after_s`, when set, becomes a `Retry-After` header (429 under memory pressure);
+    `dropped_reason`, when set, the `x-llm-d-request-dropped-reason` header (flow control's
+    outcomes, extproc/flowcontrol/outcomes.py).
     """
 
-    def __init__(self, code: ErrorCode, message: str, retry_after_s: int | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, retry_after_s: int | None = None,
+                 dropped_reason: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after_s = retry_after_s
+        self.dropped_reason = dropped_reason
 
     @property
     def http_status(self) -> int:

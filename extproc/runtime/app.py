@@ -31,13 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from extproc.config.settings import EppConfig
+from extproc.config.settings import EppConfig, ProxyTrafficConfig
 from extproc.config.validate import StartupError, bind_message
 from extproc.control.director import Director
 from extproc.control.health import Rotation
 from extproc.core.background import Supervised, supervise
 from extproc.core.datastore import Datastore, Endpoint
 from extproc.discovery.static import load_static
+from extproc.flowcontrol.controller import FlowController
+from extproc.flowcontrol.detectors import make_detector
 from extproc.kvevents.manager import KVEventsManager, kv_events_wanted, precise_routing
 from extproc.prefix.index import PrefixIndex
 from extproc.runtime.workers import WorkerRole
@@ -48,6 +50,7 @@ from extproc.scheduling.scheduler import Scheduler
 from extproc.scheduling.scorers.predicted_ttft import PredictedTtftScorer
 from extproc.scraping.scraper import MetricsScraper
 from extproc.telemetry.epp import EppMetrics
+from extproc.telemetry.flow_control import FlowControlMetrics
 from extproc.telemetry.http import start_metrics_server
 from extproc.telemetry.kv_events import KVEventsCollector
 from extproc.telemetry.latency import LatencyCollector
@@ -90,6 +93,7 @@ class App:
     health: HealthServicer = field(init=False)
     body_budget: BodyBudget = field(init=False)  # buffered request bytes of all streams
     detector: UtilizationDetector = field(init=False)
+    flow: FlowController | None = field(init=False, default=None)  # flow control (its feature gate)
     discovery: KubernetesDiscovery | None = field(init=False, default=None)
     scraper: MetricsScraper | None = field(init=False, default=None)
     kv_events: KVEventsManager | None = field(init=False, default=None)  # precise index (extproc/kvevents/)
@@ -122,7 +126,20 @@ class App:
         if cfg.refresh_metrics_interval_s > 0:
             self.scraper = MetricsScraper(cfg, self.datastore, self.index)
         self.rotation = Rotation(cfg.outlier, self.datastore)
-        self.director = Director(cfg, self.datastore, self.scheduler, admission=self.detector.admit,
+        if cfg.flow_control.enabled:  # it admits instead of the detector's 429 for sheddable requests
+            timeout = ProxyTrafficConfig().ext_proc_message_timeout_s
+            for name in cfg.flow_control.ttl_beyond(timeout):
+                log.warning("a flow-control TTL is not below the proxy's ext_proc message timeout: a request held "
+                            "that long gets the proxy's 504; raise the proxy's timeout (docs/flow-control.md)",
+                            extra={"field": name, "message_timeout_s": timeout})
+            if cfg.flow_control.detector == "utilization-detector" and cfg.refresh_metrics_interval_s <= 0:
+                log.warning("flow control's utilization-detector reads the engines' scrapes, and scraping is off "
+                            "(--refresh-metrics-interval 0): every endpoint counts as saturated, nothing is "
+                            "dispatched; use concurrency-detector or turn scraping on")
+            self.flow = FlowController(cfg.flow_control, self.datastore, make_detector(cfg.flow_control,
+                                                                                       cfg.saturation))
+        self.director = Director(cfg, self.datastore, self.scheduler,
+                                 admission=self.detector.admit if self.flow is None else None,
                                  priority_of=self.discovery.priority_of if self.discovery else None,
                                  precise=self.kv_events, tokenizer=self.tokenizer,
                                  routes_on_tokens=precise_routing(cfg.kv_events, scorer_types),
@@ -133,6 +150,9 @@ class App:
         if self.scraper is not None:
             self.scraper.on_models = self.metrics.models.learn  # engines' model names keep their label
         self.director.feedback = self.metrics.observe_usage  # closed loop (extproc/control/usage.py)
+        if self.flow is not None:
+            self.director.flow = self.flow
+            self.flow.observer = FlowControlMetrics(self.metrics.registry, self.flow)
         if self.kv_events is not None:
             self.metrics.registry.register(KVEventsCollector(self.kv_events))
         if self.discovery is not None:
@@ -267,6 +287,8 @@ class App:
         for task in self.background:
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
+        if self.flow is not None:
+            await self.flow.close()  # held requests get 503 before the servers stop
         await self.director.close()
         if self.tokenizer is not None:
             await self.tokenizer.close()

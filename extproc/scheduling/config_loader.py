@@ -1,7 +1,7 @@
 """EndpointPickerConfig YAML (`--config-file` / `--config-text`, the Go EPP's format) -> EppConfig + Profile.
 
-Accepted shape (apiVersion `inference.networking.x-k8s.io/v1alpha1` or `llm-d.ai/v1alpha1`,
-kind `EndpointPickerConfig`); decoding is strict: an unknown top-level field, plugin type,
+Accepted shape (apiVersion `inference.networking.x-k8s.io/v1alpha1`, `llm-d.ai/v1alpha1` or
+`llm-d.ai/v1`, kind `EndpointPickerConfig`); decoding is strict: an unknown top-level field, plugin type,
 parameter, profile entry key or reference is a `ConfigError` naming it.
 
     plugins: [{type, name (defaults to type), parameters}]
@@ -9,7 +9,8 @@ parameter, profile entry key or reference is a `ConfigError` naming it.
     saturationDetector: {pluginRef} | {queueDepthThreshold, kvCacheUtilThreshold, metricsStalenessThreshold}
     dataLayer: {sources: [{pluginRef, extractors: [{pluginRef}]}]}
     parser: {pluginRef}
-    featureGates: [dataLayer]              # flowControl and a top-level flowControl are refused
+    featureGates: [dataLayer, flowControl]
+    flowControl: {...}                     # extproc/config/flow_control.py (used with its feature gate)
 
 Plugin types and parameters (every default comes from EppConfig, i.e. from the CLI flags):
 | type | role | parameters -> EppConfig field |
@@ -30,6 +31,9 @@ Plugin types and parameters (every default comes from EppConfig, i.e. from the C
 | core-metrics-extractor | extractor | engineLabelKey (the Go default only), defaultEngine (vllm only): |
 | | | every pod is scraped with vLLM's metric names |
 | single-profile-handler, openai-parser | accepted | - |
+| global-strict-fairness-policy, round-robin-fairness-policy, fcfs-ordering-policy | flow control | - |
+| concurrency-detector | flow control detector | maxConcurrency, concurrencyMode (requests), headroom |
+| | | -> flow_control.concurrency |
 
 Because parameters land in EppConfig fields, each type may appear once. Profile rules (Go EPP):
 a scorer without a weight gets WeightsConfig.unlisted (1); no picker -> max-score-picker; no
@@ -46,14 +50,16 @@ from typing import Any
 
 import yaml
 
+from extproc.config.flow_control import FEATURE_GATE as FLOW_CONTROL_GATE
+from extproc.config.flow_control import parse_flow_control
 from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
 from extproc.config.values import ConfigError, parse_duration
 from extproc.scheduling.build import FILTERS, PICKERS, SCORERS, Profile
 
-API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
+API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1", "llm-d.ai/v1")
 TOP_LEVEL = ("apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "saturationDetector",
-             "dataLayer", "parser")
-FEATURE_GATES = ("dataLayer",)
+             "dataLayer", "parser", "flowControl")
+FEATURE_GATES = ("dataLayer", FLOW_CONTROL_GATE)
 ENGINE_LABEL_KEY = "inference.networking.k8s.io/engine-type"
 
 
@@ -120,6 +126,13 @@ def _default_engine(cfg: EppConfig, engine: str) -> EppConfig:
     return cfg  # validated to be "vllm": the only metric names scraped (extproc/scraping/scraper.py)
 
 
+def _concurrency(name: str) -> Apply:
+    def apply(cfg: EppConfig, value: Any) -> EppConfig:
+        fc = cfg.flow_control
+        return replace(cfg, flow_control=replace(fc, concurrency=replace(fc.concurrency, **{name: value})))
+    return apply
+
+
 _SATURATION_PARAMS = {
     "queueDepthThreshold": Param(_num(0, lo_open=True), _set("saturation", "queue_depth_threshold")),
     "kvCacheUtilThreshold": Param(_num(0, 1, lo_open=True), _set("saturation", "kv_cache_util_threshold")),
@@ -179,6 +192,16 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
     },
     "single-profile-handler": {},
     "openai-parser": {},
+    # Flow control (extproc/config/flow_control.py): referenced from the flowControl section.
+    "global-strict-fairness-policy": {},
+    "round-robin-fairness-policy": {},
+    "fcfs-ordering-policy": {},
+    "concurrency-detector": {
+        "maxConcurrency": Param(_int(1), _concurrency("max_concurrency")),
+        # Only request counting: token counting needs an estimate of each request's tokens.
+        "concurrencyMode": Param(_choice("requests"), lambda cfg, _v: cfg),
+        "headroom": Param(_num(0), _concurrency("headroom")),
+    },
 }
 
 
@@ -313,16 +336,16 @@ def load_text(text: str, base: EppConfig, source: str = "--config-text") -> tupl
 
 
 def _load(doc: Any, base: EppConfig) -> tuple[EppConfig, Profile | None]:
-    if isinstance(doc, dict) and "flowControl" in doc:
-        raise ConfigError("flowControl is not supported by prefix-epp (sheddable requests get 429 when saturated)")
     top = _mapping(doc, "EndpointPickerConfig", TOP_LEVEL)
     if top.get("apiVersion") not in API_VERSIONS:
         raise ConfigError(f"apiVersion must be one of {list(API_VERSIONS)}, got {top.get('apiVersion')!r}")
     if top.get("kind") != "EndpointPickerConfig":
         raise ConfigError(f"kind must be EndpointPickerConfig, got {top.get('kind')!r}")
-    for i, gate in enumerate(_list(top.get("featureGates"), "featureGates")):
+    gates = _list(top.get("featureGates"), "featureGates")
+    for i, gate in enumerate(gates):
         if gate not in FEATURE_GATES:
-            raise ConfigError(f"featureGates[{i}]: unsupported feature gate {gate!r} (supported: dataLayer)")
+            raise ConfigError(f"featureGates[{i}]: unsupported feature gate {gate!r} "
+                              f"(supported: {', '.join(FEATURE_GATES)})")
     loader = _Loader(base)
     loader.load_plugins(_list(top.get("plugins"), "plugins"))
     profile = loader.profile(_list(top.get("schedulingProfiles"), "schedulingProfiles"))
@@ -331,7 +354,9 @@ def _load(doc: Any, base: EppConfig) -> tuple[EppConfig, Profile | None]:
         loader.data_layer(top["dataLayer"])
     if "parser" in top:
         loader.ref(top["parser"], "parser", ("openai-parser",))
-    return loader.cfg, profile
+    cfg = loader.cfg
+    flow = parse_flow_control(top.get("flowControl"), loader.plugins, FLOW_CONTROL_GATE in gates, cfg.flow_control)
+    return replace(cfg, flow_control=flow), profile
 
 
 def load_config(config: EppConfig) -> tuple[EppConfig, Profile | None]:

@@ -110,6 +110,15 @@ class BodyIntake:
         self._chunks.append(chunk)
         return None
 
+    def reserve_last(self, size: int) -> EppError | None:
+        """Charge the budget for a last chunk of `size` bytes not added yet (it waits in its message
+        while flow control holds the request; `add` later finds it paid); refused as `add` would."""
+        if self.received + size > self._limit:
+            return _too_large(self._limit)
+        if not self._reservation.grow_to(self.received + size):
+            return _budget_full()
+        return None
+
     def fits(self, last: bytes) -> bool:
         """Whether the body with `last` appended stays within the per-request limit."""
         return self.received + len(last) <= self._limit

@@ -9,9 +9,16 @@ are the request line), so each is treated as untrusted input:
   a client names its own request;
 - `content-length`: only an early refusal (above the per-request limit 413, above the budget's
   free bytes 429), before any byte; nothing is reserved for it;
-- `x-gateway-inference-objective`: the named InferenceObjective's priority, which only decides
-  shedding: priority < 0 is shed (429) while the pool is saturated. No header, or a name the
-  picker does not know, is priority 0 and never shed, so shedding is the client's choice;
+- `x-gateway-inference-objective` (or llm-d's `x-llm-d-inference-objective`, which wins): the
+  named InferenceObjective's priority. Without flow control it only decides shedding: priority < 0
+  is shed (429) while the pool is saturated. No header, or a name the picker does not know, is
+  priority 0 and never shed, so shedding is the client's choice. With flow control it picks the
+  priority band: a client that names a higher objective goes first;
+- with flow control only (docs/flow-control.md): `x-llm-d-inference-fairness-id` (or
+  `x-gateway-inference-fairness-id`), the tenant whose queue the request joins, so a client
+  that sends another tenant's id takes that tenant's turns; `x-llm-d-inference-ttl`, which can
+  only shorten the request's wait. A deployment whose clients are not trusted with these strips
+  them at the gateway (docs/security.md);
 - the `--session-header` (none unless set): an affinity hint, only hashed; a client groups its
   requests on one endpoint as far as the hot-spot filter allows;
 - `test-epp-endpoint-selection`: with `--enable-test-endpoint-selection` only, the endpoints
@@ -32,9 +39,14 @@ from extproc.pb import envoy_core_pb2 as core
 
 TEST_SELECTION_HEADER = "test-epp-endpoint-selection"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
+LLMD_OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+GATEWAY_FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+TTL_HEADER = "x-llm-d-inference-ttl"
 # The headers the picker may ignore on purpose: the label values of prefix_epp_ignored_headers_total.
 IGNORABLE_HEADERS = (TEST_SELECTION_HEADER,)
-_ALWAYS_READ = frozenset({":path", ":method", "x-request-id", OBJECTIVE_HEADER, "content-length"})
+_ALWAYS_READ = frozenset({":path", ":method", "x-request-id", OBJECTIVE_HEADER, "content-length",
+                          LLMD_OBJECTIVE_HEADER, FAIRNESS_HEADER, GATEWAY_FAIRNESS_HEADER, TTL_HEADER})
 
 
 @dataclass(slots=True)
@@ -51,6 +63,7 @@ def read_control_headers(headers: core.HeaderMap, ctx: RequestContext, session_h
     """Fill `ctx` from the control headers; `session_header` "" reads none, `test_selection`
     False ignores test-epp-endpoint-selection."""
     out = ControlHeaders()
+    llmd_objective = llmd_fairness = False  # llm-d's header seen: its x-gateway- alias no longer counts
     for h in headers.headers:
         key = h.key
         if key == TEST_SELECTION_HEADER and not test_selection:
@@ -78,6 +91,12 @@ def read_control_headers(headers: core.HeaderMap, ctx: RequestContext, session_h
             ctx.test_selection = value
         elif key == "content-length":
             out.declared = value
-        elif key == OBJECTIVE_HEADER:
+        elif key == LLMD_OBJECTIVE_HEADER or (key == OBJECTIVE_HEADER and not llmd_objective):
             ctx.objective = value
+            llmd_objective = llmd_objective or key == LLMD_OBJECTIVE_HEADER
+        elif key == FAIRNESS_HEADER or (key == GATEWAY_FAIRNESS_HEADER and not llmd_fairness):
+            ctx.fairness_id = value
+            llmd_fairness = llmd_fairness or key == FAIRNESS_HEADER
+        elif key == TTL_HEADER:
+            ctx.request_ttl = value
     return out

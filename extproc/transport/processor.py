@@ -39,6 +39,8 @@ other reply and whenever its static request or response body mode is FULL_DUPLEX
 FULL_DUPLEX_STREAMED response bodies (the reference configuration) every chunk is echoed back and
 only sampled requests feed the usage parser (and `/v1/responses` the id reader).
 
+With flow control on (extproc/flowcontrol/) the complete body then waits in `Director.hold` for
+its turn (`_hold`), and is routed at that turn; the stream's end cancels the wait.
 With KV events (a tokenizer) the complete body is first handed to `Director.prepare`, awaited,
 before routing, so tokenization never runs on the event loop; with --kv-events alone only for the
 requests the usage sampler picks (`Director.wants_tokens`).
@@ -64,7 +66,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from extproc.control.affinity import header_to_read
@@ -91,6 +93,7 @@ _BUFFERED = mode_pb.ProcessingMode.BUFFERED
 _FULL_DUPLEX = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
 _NONE = mode_pb.ProcessingMode.NONE
 EXPLAIN_HEADER = "x-prefix-epp-decision"
+QUEUE_DURATION_HEADER = "x-llm-d-flow-queue-duration-ms"
 _SUPPORTED_BODY_MODES = frozenset({_BUFFERED, _FULL_DUPLEX})
 _MAX_ECHOED_ID = 256  # a longer client x-request-id is not echoed in error replies
 _refused_modes_logged: set[int] = set()
@@ -182,8 +185,12 @@ class StreamProcessor:
                 if intake.fits(last) and self._director.wants_tokens(ctx):
                     await self._director.prepare(ctx, intake.peek(last))
                 del last
+            if body.end_of_stream and self._holds():
+                return await self._hold(len(body.body), lambda: self.on_request_body(body))
             return self.on_request_body(body)
         if kind == "request_trailers":
+            if self._holds():
+                return await self._hold(0, self.on_request_trailers)
             return self.on_request_trailers()
         if kind == "response_headers":
             return self.on_response_headers(msg.response_headers, msg)
@@ -266,6 +273,24 @@ class StreamProcessor:
         if not body.end_of_stream:
             return []
         return self._route_body()
+
+    def _holds(self) -> bool:
+        """Whether the body just completed goes through flow control first."""
+        return self._director.flow is not None and not self._intake.done and self._request_mode in _SUPPORTED_BODY_MODES
+
+    async def _hold(self, last: int, route: Callable[[], list[pb.ProcessingResponse]]) -> list[pb.ProcessingResponse]:
+        """Flow control (extproc/flowcontrol/): wait for the request's turn, then `route` it at that
+        turn. A last chunk of `last` bytes stays in its message, one copy, charged to the body
+        budget meanwhile. The stream's end (client gone) cancels the wait, which takes the request
+        out of its queue."""
+        intake = self._intake
+        refused = intake.reserve_last(last)
+        if refused is not None:
+            return [self._refuse_body(refused)]
+        try:
+            return await self._director.hold(self.ctx, intake.received + last, route)
+        except EppError as err:
+            return [self._refuse_body(err)]
 
     def on_request_trailers(self) -> list[pb.ProcessingResponse]:
         out = [] if self._intake.done else self._route_body()
@@ -373,6 +398,8 @@ class StreamProcessor:
             extra = ((EXPLAIN_HEADER, self.decision.explain()),)
         elif self.ctx.explain and self._endpoint is not None:
             extra = ((EXPLAIN_HEADER, f"endpoint={self._endpoint.key}; bodiless"),)
+        if self.ctx.queued_ms is not None:  # flow control held it (0: dispatched at once)
+            extra = (*extra, (QUEUE_DURATION_HEADER, str(self.ctx.queued_ms)))
         if headers.end_of_stream:
             self._usage = None
             self._complete()

@@ -16,6 +16,7 @@ from extproc.pb import external_processor_pb2 as pb
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
 SERVED_HEADER = "x-gateway-destination-endpoint-served"
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"  # why flow control refused the request
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 # Envoy's chunk limit for streamed body mutations is 64 KiB; the Go EPP uses 62000 bytes.
@@ -162,6 +163,8 @@ def immediate_error(err: EppError, request_id: str = "") -> pb.ProcessingRespons
     _set_header(imm.headers, "content-type", CONTENT_TYPE)
     if err.retry_after_s is not None:
         _set_header(imm.headers, "retry-after", str(err.retry_after_s))
+    if err.dropped_reason:
+        _set_header(imm.headers, DROPPED_REASON_HEADER, err.dropped_reason)
     if request_id:
         _set_header(imm.headers, "x-request-id", request_id)
     return resp

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import yaml
 
-from extproc.config.settings import ProxyTrafficConfig
+from extproc.config.settings import EppConfig, ProxyTrafficConfig
 from testkit.k8s_objects import CHART, Obj, find
 
 Render = Callable[[str], list[Obj]]
@@ -32,6 +33,16 @@ def test_values_equal_the_proxy_defaults() -> None:
     assert seconds(retry["backoffBaseInterval"]) == T.retry_backoff_base_ms / 1000
     assert seconds(values["route"]["requestTimeout"]) == T.route_timeout_s
     assert seconds(values["traffic"]["upstreamIdleTimeout"]) == T.upstream_idle_timeout_s
+    assert seconds(values["extProc"]["messageTimeout"]) == T.ext_proc_message_timeout_s
+
+
+def test_the_message_timeout_outlasts_flow_control_s_default_ttls() -> None:
+    """A request held by flow control waits inside the ext_proc message's answer (BUFFERED bodies)."""
+    fc = EppConfig().flow_control
+    assert T.ext_proc_message_timeout_s > max(fc.default_request_ttl_s, fc.no_endpoint_ttl_s)
+    assert fc.ttl_beyond(T.ext_proc_message_timeout_s) == []
+    assert replace(fc, default_request_ttl_s=0.0).ttl_beyond(T.ext_proc_message_timeout_s) == [
+        "defaultRequestTTL", "noEndpointRequestTTL"]
 
 
 def test_idle_model_connections_close_before_the_servers_keep_alive(render: Render) -> None:

@@ -120,8 +120,9 @@ def test_legacy_inline_saturation_detector_and_detector_as_filter() -> None:
     (HEAD + "plugins:\n- type: queue-scorer\n- type: queue-scorer\n  name: q2\n", "configured twice"),
     (HEAD + "plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n  name: queue-scorer\n",
      "used twice"),
-    (HEAD + "featureGates: [flowControl]\n", "unsupported feature gate 'flowControl'"),
-    (HEAD + "flowControl: {maxBytes: 10Gi}\n", "flowControl is not supported"),
+    (HEAD + "featureGates: [flowcontrol]\n", "unsupported feature gate 'flowcontrol' (supported: dataLayer, "
+     "flowControl)"),
+    (HEAD + "flowControl: {maxBytez: 10Gi}\n", "flowControl: unknown field 'maxBytez' (known: maxRequests"),
     ("apiVersion: v1\nkind: EndpointPickerConfig\n", "apiVersion must be one of"),
     ("apiVersion: llm-d.ai/v1alpha1\nkind: Pod\n", "kind must be EndpointPickerConfig"),
     (HEAD + "plugins:\n- type: utilization-detector\n  parameters: {metricsStalenessThreshold: 0.2}\n",
