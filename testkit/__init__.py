@@ -12,6 +12,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `picker` | the picker as a real process (`serve`), its readiness and its /metrics read back |
 | `promql` | the metrics the picker's code exports; the selectors and grouping labels of a PromQL query |
 | `stack` | echo backends + picker + Envoy: a whole request path on 127.0.0.1 |
+| `bench_rows` | a benchmark run's summary row with chosen figures (aggregation and report tests) |
 | `quickstart` | the README's quick-start stack, a process per replica, the picker from a chosen tree; faults |
 | `gateways` | known gateways' ext_proc behaviours (Envoy Gateway, AI Gateway, Istio) as Envoy config patches |
 | `http_client` | aiohttp requests through Envoy's listener and OpenAI-style bodies |

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,20 +16,7 @@ from bench.lib.report import render_only, runs_dir, write_results
 from bench.lib.runner import Outcome, RouterSpec
 from bench.lib.tables import clairvoyant_table, fmt, results_table
 from bench.run import DEFAULT_ROUTERS, candidates_of, main
-
-
-def summary(hit: float, p99: float, counts: dict[str, int], decision: float | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "requests": 10, "errors": 0, "hit_rate": hit, "prefill_work_s": 1.0,
-        "ttft_ms": {"p50": p99 / 4, "p90": p99 / 2, "p99": p99}, "e2e_ms": {"p50": 2 * p99, "p99": 3 * p99},
-        "output_tokens_per_s": 100.0, "requests_per_replica": counts, "replica_max": max(counts.values()),
-        "replica_mean": sum(counts.values()) / len(counts),
-        "replica_max_over_mean": max(counts.values()) / (sum(counts.values()) / len(counts)),
-        "router_cpu_ms_per_request": 1.5, "cpu_busy": 0.5, "start_lag_p99_ms": 1.0, "wall_s": 10.0}
-    if decision is not None:
-        row["decision_ms"] = {"p50": decision, "p99": 2 * decision}
-    return row
-
+from testkit.bench_rows import summary
 
 REP1 = {"w": {"a": summary(0.6, 1800.0, {"x:1": 6, "x:2": 4}, 0.5), "b": summary(0.2, 900.0, {"x:1": 5, "x:2": 5})}}
 REP2 = {"w": {"a": summary(0.7, 2100.0, {"y:1": 2, "y:2": 8}, 0.7), "b": summary(0.3, 1200.0, {"y:1": 5, "y:2": 5})}}

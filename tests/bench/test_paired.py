@@ -22,7 +22,7 @@ from bench.lib.routers import SimSettings
 from bench.lib.runner import Outcome, RouterSpec
 from bench.lib.tables import paired_cell, path_table
 from bench.lib.workloads import build
-from tests.bench.test_aggregate import summary
+from testkit.bench_rows import summary
 
 
 def test_every_arm_runs_once_in_every_position_and_workloads_start_apart() -> None:

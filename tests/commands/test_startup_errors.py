@@ -4,13 +4,12 @@ shows the flags a first deployment sets and `--help-all` every flag."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from extproc.commands import preflight
@@ -18,7 +17,6 @@ from extproc.commands.main import main
 from extproc.config.flags import FLAGS
 from extproc.config.settings import EppConfig, SyncConfig
 from extproc.config.validate import StartupError
-from extproc.transport.grpc_server import add_port
 from extproc.transport.tls import check_files
 from testkit.certs import Authority
 from testkit.procs import REPO_ROOT, free_ports, prefix_epp
@@ -110,15 +108,21 @@ def test_every_listener_is_checked_and_an_address_not_of_this_machine_is_named(h
 
 
 def test_a_port_taken_after_the_check_is_still_named_by_its_flag(held_port: int) -> None:
-    async def bind() -> None:
-        server = grpc.aio.server()
-        try:
-            add_port(server, "--grpc-port", "--bind-address", "127.0.0.1", held_port, None)
-        finally:
-            await server.stop(None)
-
-    with pytest.raises(StartupError, match=f"--grpc-port {held_port}: cannot listen on 127.0.0.1"):
-        asyncio.run(bind())
+    # In a child process: gRPC's core started in this test process would keep its threads in this
+    # network namespace, and the Envoy Gateway tests that run later in it enter another one.
+    code = ("import grpc, sys\n"
+            "from extproc.config.validate import StartupError\n"
+            "from extproc.transport.grpc_server import add_port\n"
+            "server = grpc.server(None)\n"
+            "try:\n"
+            f"    add_port(server, '--grpc-port', '--bind-address', '127.0.0.1', {held_port}, None)\n"
+            "except StartupError as exc:\n"
+            "    print(exc)\n"
+            "    sys.exit(2)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT,
+                            timeout=TIMEOUT_S, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout.startswith(f"--grpc-port {held_port}: cannot listen on 127.0.0.1"), result.stdout
 
 
 def test_tls_files_are_read_and_matched(tmp_path: Path) -> None:

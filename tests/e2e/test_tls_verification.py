@@ -49,7 +49,9 @@ async def through_envoy(tmp: Path, picker: Picker, label: str, **tls: Any) -> Re
     """One completion through a fresh Envoy whose picker cluster has the given TLS settings."""
     listen = free_port()
     path = tmp / f"envoy-{label}.yaml"
-    path.write_text(render(build_config(listen, f"127.0.0.1:{picker.grpc_port}", epp_tls=True, **tls)))
+    # Fail closed: a picker Envoy cannot verify answers 500, not an unsteered 503.
+    path.write_text(render(build_config(listen, f"127.0.0.1:{picker.grpc_port}", epp_tls=True,
+                                        failure_mode_allow=False, **tls)))
     args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--base-id", str(listen), "--log-level", "warning"]
     with running(args, tmp / f"envoy-{label}.log", wait_port=listen):
         async with aiohttp.ClientSession() as s:

@@ -28,7 +28,7 @@ async def test_picker_tls_with_and_without_alpn(tmp_path: Path, alpn: list[str] 
         picker.start()
         try:
             listen = free_port()
-            cfg = build_config(listen, f"127.0.0.1:{picker.grpc_port}", epp_tls=True)
+            cfg = build_config(listen, f"127.0.0.1:{picker.grpc_port}", epp_tls=True, failure_mode_allow=False)
             epp = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "epp")
             tls = epp["transport_socket"]["typed_config"]["common_tls_context"]
             assert tls["validation_context"] == {}  # no verification of the self-signed certificate
