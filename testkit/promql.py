@@ -3,8 +3,9 @@ and grouping labels of a query (the dashboard's, tests/deploy/test_dashboard.py;
 tests/telemetry/test_metrics_doc.py).
 
 Exported names come from the code: every metric constructor call in extproc/telemetry/*.py
-(Counter, Histogram, Gauge, Summary, *MetricFamily) with a literal name, expanded the way
-prometheus_client exposes them (counters get _total, histograms _bucket/_sum/_count).
+(Counter, Histogram, Gauge, Summary, *MetricFamily) with a literal name (or a sum of literals and
+the module's own string constants, as `PREFIX + "queue_size"`), expanded the way prometheus_client
+exposes them (counters get _total, histograms _bucket/_sum/_count).
 """
 
 from __future__ import annotations
@@ -36,6 +37,29 @@ def _literal_strings(node: ast.AST | None) -> list[str]:
     return []
 
 
+def _string(node: ast.AST, constants: dict[str, str]) -> str | None:
+    """The value of a string literal, a module string constant, or a `+` of them; None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _string(node.left, constants), _string(node.right, constants)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def _module_constants(tree: ast.Module) -> dict[str, str]:
+    """Module-level `NAME = "text"` assignments."""
+    out: dict[str, str] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            value = _string(stmt.value, out)
+            if value is not None:
+                out[stmt.targets[0].id] = value
+    return out
+
+
 def exported_metrics(paths: list[Path]) -> dict[str, Metric]:
     """Series name -> Metric for every metric the picker's code constructs."""
     kinds = {"Counter": "counter", "CounterMetricFamily": "counter", "Histogram": "histogram",
@@ -43,23 +67,25 @@ def exported_metrics(paths: list[Path]) -> dict[str, Metric]:
              "Summary": "summary", "SummaryMetricFamily": "summary", "Info": "info", "InfoMetricFamily": "info"}
     out: dict[str, Metric] = {}
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        constants = _module_constants(tree)
+        for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
             cls = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
             if cls not in kinds or not node.args:
                 continue
-            first = node.args[0]
-            if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            name = _string(node.args[0], constants)
+            if name is None:
                 continue
             labels = _literal_strings(node.args[2] if len(node.args) > 2 else None)
             for kw in node.keywords:
                 if kw.arg in ("labels", "labelnames"):
                     labels = _literal_strings(kw.value)
             kind = kinds[cls]
-            metric = Metric(first.value, kind, frozenset(labels))
-            base = first.value
+            metric = Metric(name, kind, frozenset(labels))
+            base = name
             if kind == "counter":
                 base = base.removesuffix("_total")
                 names = [base + "_total"]

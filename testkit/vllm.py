@@ -171,10 +171,11 @@ def metric_total(exposition: bytes, name: str) -> float:
 
 
 @contextlib.contextmanager
-def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: int = 0) -> Iterator[list[Engine]]:
+def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: int = 0,
+            extra_args: tuple[str, ...] = ()) -> Iterator[list[Engine]]:
     """n engines started side by side, healthy on entry, stopped on exit, serving the model as
     `served_model_name` (the tests' MODEL_NAME; the benchmark's requests name another), at
-    niceness `nice` (module docstring)."""
+    niceness `nice` (module docstring), each with `extra_args` (`Engine.extra_args`)."""
     env = ensure()
     cores = os.cpu_count() or 1
     out = []
@@ -187,7 +188,7 @@ def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: in
         workdir = tmp / f"vllm{i}"
         workdir.mkdir(parents=True, exist_ok=True)
         out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i % cores,
-                          served_model_name=served_model_name, nice=nice))
+                          served_model_name=served_model_name, nice=nice, extra_args=extra_args))
     try:
         for engine in out:
             engine.launch()

@@ -6,8 +6,11 @@ Each port serves:
   samples, as prometheus_client's own exposition answers (vLLM 0.32's renders its whole page:
   docs/scheduling.md, "Load signals");
 - `POST /control` with JSON `{"waiting": w, "running": r, "kv": k}`: sets those values;
-- anything else: `{"served_by": "127.0.0.1:PORT"}` with the `x-served-by` header, like
-  testkit/echo_backends.py.
+- `POST /hold` with JSON `{"hold": true}`: requests (other than these three) wait unanswered until
+  `{"hold": false}`, so a test keeps requests in flight for as long as it needs them;
+- anything else: `{"served_by": "127.0.0.1:PORT", "usage": {...}}` with the `x-served-by` header,
+  like testkit/echo_backends.py; the usage (what the picker's closed loop reads) counts a prompt
+  token per 4 body bytes, none of them cached.
 Used to measure the scraper's CPU cost in another process, and as load-reporting backends in
 end-to-end tests.
 
@@ -33,6 +36,8 @@ from testkit.vllm_text import exposition, restrict
 def make_app(name: str) -> web.Application:
     state = {"values": (2.0, 3.0, 0.3)}
     page = {"body": exposition(*state["values"], loras=[("a", "", 4, 1.0)])}
+    released = asyncio.Event()
+    released.set()
 
     async def metrics(request: web.Request) -> web.Response:
         names = request.query.getall("name[]", [])
@@ -45,13 +50,23 @@ def make_app(name: str) -> web.Application:
         page["body"] = exposition(*state["values"], loras=[("a", "", 4, 1.0)])
         return web.json_response({"ok": True})
 
+    async def hold(request: web.Request) -> web.Response:
+        if orjson.loads(await request.read()).get("hold"):
+            released.clear()
+        else:
+            released.set()
+        return web.json_response({"ok": True})
+
     async def other(request: web.Request) -> web.Response:
-        await request.read()
-        return web.json_response({"served_by": name}, headers={"x-served-by": name})
+        size = len(await request.read())
+        await released.wait()
+        usage = {"prompt_tokens": max(1, size // 4), "prompt_tokens_details": {"cached_tokens": 0}}
+        return web.json_response({"served_by": name, "usage": usage}, headers={"x-served-by": name})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/control", control)
+    app.router.add_post("/hold", hold)
     app.router.add_route("*", "/{tail:.*}", other)
     return app
 

@@ -1,6 +1,6 @@
 """The Grafana dashboard queries only metrics (and labels) the picker exports, and covers the
 signals an operator needs: predicted and served hit rates, decision latency, in-flight per
-endpoint, 429/503, stream ends, index size.
+endpoint, 429/503, stream ends, index size, flow control's queue, outcomes, time held and saturation.
 
 Exported names come from the code (testkit/promql.py).
 """
@@ -69,7 +69,11 @@ def test_dashboard_covers_the_operator_signals() -> None:
                   "prefix_epp_served_prompt_tokens_total", "prefix_epp_predicted_cached_prompt_tokens_total",
                   "prefix_epp_extproc_streams_total",
                   "inference_extension_scheduler_e2e_duration_seconds_bucket", "prefix_epp_inflight_requests",
-                  'status="429"', 'status="503"', "inference_extension_prefix_indexer_size")
+                  'status="429"', 'status="503"', "inference_extension_prefix_indexer_size",
+                  "prefix_epp_flow_control_queue_size", "prefix_epp_flow_control_queue_bytes",
+                  "prefix_epp_flow_control_requests_total",
+                  "prefix_epp_flow_control_request_queue_duration_seconds_bucket",
+                  "prefix_epp_flow_control_pool_saturation")
     for needed in needed_all:
         assert needed in exprs, needed
 

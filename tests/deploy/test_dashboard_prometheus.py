@@ -2,14 +2,18 @@
 picker under traffic.
 
 The rig: a fake Kubernetes API (testkit.kube) with an InferencePool of three model-server stubs
-(testkit.vllm_stubs: they answer requests and serve a vLLM /metrics page whose load the test sets)
-and two InferenceObjectives (`chat`, priority 5; `batch`, -1: sheddable), the picker discovering
-them, real Envoy in front of it, and Debian's Prometheus (testkit.prometheus) scraping the picker
-every second with the `namespace` and `pod` labels a Kubernetes scrape attaches.
+(testkit.vllm_stubs: they answer requests, or keep them open while told to hold, and serve a vLLM
+/metrics page whose load the test sets) and two InferenceObjectives (`chat`, priority 5; `batch`,
+-1: sheddable), the picker discovering them with flow control on (CONFIG: a concurrency detector of
+one request per endpoint, a band of one request for priority -1), real Envoy in front of it, and
+Debian's Prometheus (testkit.prometheus) scraping the picker every second with the `namespace` and
+`pod` labels a Kubernetes scrape attaches.
 
 The traffic makes every panel's metric move: shared-prefix completions (hit ratio), chat requests,
 a malformed JSON body (400, the error panels), a request pinned to an endpoint outside the pool
-(503), and one sheddable request while the stubs report a saturated pool (429). It starts after
+(503), and flow control at work: three requests the stubs keep open saturate the pool, a sheddable
+request is held, the next finds its band full (429 rejected-saturated), then the stubs answer and
+the held one is dispatched (the queue, outcome, time-held and saturation panels). It starts after
 Prometheus's first scrape of the picker and runs twice with a scrape between, because a labelled
 series is born with its first request: only the second round makes every rate rise. Once
 Prometheus has scraped twice after the last request (every series has samples on both sides of
@@ -32,6 +36,7 @@ import re
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +63,21 @@ NAMESPACE, POD = "prefix-epp", "prefix-epp-5d8f9c7b6-x2x4q"  # the labels the sc
 # Panel targets whose data needs a picker feature this rig does not turn on: (panel title, refId)
 # -> why. Such a target must still be a query Prometheus accepts. Keep it empty where possible.
 NEEDS_FEATURE: dict[tuple[str, str], str] = {}
+# Flow control on, so its panels draw: the pool (3 endpoints) is saturated by 3 requests in flight,
+# and the sheddable objective's band holds one request.
+CONFIG = """\
+apiVersion: llm-d.ai/v1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+plugins:
+- type: concurrency-detector
+  parameters: {maxConcurrency: 1}
+flowControl:
+  noEndpointRequestTTL: 0s
+  saturationDetector: {pluginRef: concurrency-detector}
+  priorityBands:
+  - {priority: -1, maxRequests: 1}
+"""
 
 HTTP = urllib3.PoolManager(maxsize=4)
 
@@ -141,12 +161,16 @@ class Rig:
             HTTP.request("POST", f"http://127.0.0.1:{port}/control",
                          body=json.dumps({"waiting": waiting, "running": 1, "kv": kv}).encode())
 
-    def requests_total(self) -> float:
-        """sum(prefix_epp_requests_total) as the picker's own /metrics says now."""
+    def hold(self, on: bool) -> None:
+        """The stubs keep requests open (`on`) or answer them, the ones kept open included."""
+        for port in self.ports:
+            HTTP.request("POST", f"http://127.0.0.1:{port}/hold", body=json.dumps({"hold": on}).encode())
+
+    def metric(self, name: str) -> float:
+        """The sum of `name`'s samples as the picker's own /metrics says now."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             text = r.read().decode()
-        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                   if s.name == "prefix_epp_requests_total")
+        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
 
 
 def until(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -169,9 +193,19 @@ def drive(rig: Rig) -> None:
         assert rig.chat(f"chat request {i} " * 10) == 200
     assert rig.send(b'{"model": "m", "prompt": ') == 400  # malformed JSON: the error panels
     assert rig.send(b'{"model": "m", "prompt": "x"}', {"test-epp-endpoint-selection": "10.255.0.1:8000"}) == 503
-    rig.set_load(6, 0.5)  # queue 6 > 5: saturated, a sheddable request is refused
-    until(lambda: rig.ask("batch") == 429, "a sheddable request gets 429 on the saturated pool")
-    rig.set_load(0, 0.1)
+    # Flow control: three requests kept open fill the pool (one per endpoint), a sheddable request is
+    # held, the next finds its band (one request) full.
+    rig.hold(True)
+    with ThreadPoolExecutor(4) as pool:
+        busy = [pool.submit(rig.ask, "chat") for _ in range(3)]
+        try:
+            until(lambda: rig.metric("prefix_epp_inflight_requests") == 3, "three requests in flight")
+            busy.append(pool.submit(rig.ask, "batch"))
+            until(lambda: rig.metric("prefix_epp_flow_control_queue_size") == 1, "a sheddable request held")
+            assert rig.ask("batch") == 429  # rejected-saturated
+        finally:
+            rig.hold(False)
+        assert [f.result() for f in busy] == [200] * 4  # the held one dispatched once a slot freed
     assert rig.ask("chat") == 200
 
 
@@ -220,7 +254,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, rule_groups: list[dict[
             "serve", "--pool-name", "pool", "--pool-namespace", "default", "--kubeconfig", str(kubeconfig),
             "--secure-serving=false", "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port),
             "--grpc-health-port", str(health_port), "--metrics-port", str(metrics_port),
-            "--enable-test-endpoint-selection")  # the 503: a request pinned outside the pool
+            "--enable-test-endpoint-selection",  # the 503: a request pinned outside the pool
+            "--usage-sample-rate", "1",  # every response's usage: the served hit rate panel
+            "--config-text", CONFIG)
         target = Target("prefix-epp", f"127.0.0.1:{metrics_port}", {"namespace": NAMESPACE, "pod": POD})
         with running(python_module("testkit.vllm_stubs", *map(str, ports)), tmp / "stubs.log", wait_port=ports[-1]), \
                 running(picker_args, tmp / "picker.log", wait_port=metrics_port) as picker, \
@@ -238,7 +274,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, rule_groups: list[dict[
                 drive(rig)
                 scraped_after(prom, target.job, time.time())
                 drive(rig)
-                total = rig.requests_total()
+                total = rig.metric("prefix_epp_requests_total")
                 scraped_after(prom, target.job, scraped_after(prom, target.job, time.time()))
             except Exception as exc:
                 raise AssertionError(f"{exc}\npicker log:\n{picker.log_text()[-3000:]}\n"

@@ -1,7 +1,7 @@
 """docs/metrics.md names every metric the picker exports, and none it does not.
 
 Exported: the families of a real picker's registry with every optional part wired (KV events,
-peer sync, Kubernetes discovery, the predicted-TTFT model) and the pod-level family of a
+peer sync, Kubernetes discovery, the predicted-TTFT model, flow control) and the pod-level family of a
 multi-worker pod, as `/metrics` names them (counters with `_total`; the `_created` series that
 prometheus_client adds beside counters and histograms are left out). Documented: the names in the
 first column of the table, `{a,b}` after an underscore expanding to each alternative and `{...}`
@@ -18,6 +18,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from extproc.config.flow_control import FlowControlConfig
 from extproc.config.settings import EppConfig, KVEventsConfig, SyncConfig
 from extproc.core.datastore import EndpointSpec
 from extproc.runtime.app import App
@@ -30,7 +31,8 @@ DOC = REPO_ROOT / "docs" / "metrics.md"
 
 def exported(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     monkeypatch.setenv("PREFIX_EPP_SYNC_SECRET", "s" * 32)
-    app = App(EppConfig(seed=1, pool_name="pool", kv_events=KVEventsConfig(enabled=True), sync=SyncConfig(port=1)))
+    app = App(EppConfig(seed=1, pool_name="pool", kv_events=KVEventsConfig(enabled=True), sync=SyncConfig(port=1),
+                        flow_control=FlowControlConfig(enabled=True)))
     app.datastore.set_endpoints([EndpointSpec("10.0.0.1", 8000)])
     text = PodMetrics([]).render(generate_latest(app.metrics.registry).decode()).decode()
     families = list(text_string_to_metric_families(text))
