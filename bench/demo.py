@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     print()
     print(result.table())
-    print(f"\n{time.monotonic() - began:.0f} s. Full side-by-side benchmark (7 routers x 7 workloads x 3): make bench")
+    print(f"\n{time.monotonic() - began:.0f} s. Full side-by-side benchmark (8 routers x 7 workloads x 3): make bench")
     return 0
 
 
