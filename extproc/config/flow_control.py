@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extproc.config.values import ConfigError
+from extproc.config.values import ConfigError, mapping
 
 FEATURE_GATE = "flowControl"
 GLOBAL_STRICT = "global-strict-fairness-policy"
@@ -152,17 +152,6 @@ def _duration(v: Any, where: str) -> float:
     return seconds
 
 
-def _mapping(v: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(v).__name__}")
-    for key in v:
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown field {key!r} (known: {', '.join(allowed)})")
-    return v
-
-
 # -- the section ----------------------------------------------------------------------------------
 SECTION_FIELDS = ("maxRequests", "maxBytes", "defaultRequestTTL", "noEndpointRequestTTL", "priorityBands",
                   "defaultPriorityBand", "defaultNegativePriorityBand", "saturationDetector", "enableEviction",
@@ -185,7 +174,7 @@ def _plugin_ref(name: Any, where: str, plugins: Mapping[str, str], types: tuple[
 
 
 def _band(doc: Any, where: str, plugins: Mapping[str, str], base: BandConfig, *, listed: bool) -> BandConfig:
-    d = _mapping(doc, where, BAND_FIELDS if listed else BAND_FIELDS[1:])
+    d = mapping(doc, where, BAND_FIELDS if listed else BAND_FIELDS[1:])
     band = base
     if listed:
         p = d.get("priority")
@@ -212,7 +201,7 @@ def _band(doc: Any, where: str, plugins: Mapping[str, str], base: BandConfig, *,
 def parse_flow_control(section: Any, plugins: Mapping[str, str], enabled: bool,
                        base: FlowControlConfig) -> FlowControlConfig:
     """The `flowControl` section (None: absent) over `base`; `plugins`: declared name -> type."""
-    doc = _mapping(section, "flowControl", SECTION_FIELDS)
+    doc = mapping(section, "flowControl", SECTION_FIELDS)
     for key in _UNSUPPORTED:
         if key in doc:
             raise ConfigError(f"flowControl.{key}: not supported by prefix-epp (every band may dispatch "
@@ -231,7 +220,7 @@ def parse_flow_control(section: Any, plugins: Mapping[str, str], enabled: bool,
         cfg = replace(cfg, no_endpoint_request_ttl_s=_duration(doc["noEndpointRequestTTL"],
                                                                "flowControl.noEndpointRequestTTL"))
     if "saturationDetector" in doc:
-        d = _mapping(doc["saturationDetector"], "flowControl.saturationDetector", ("pluginRef",))
+        d = mapping(doc["saturationDetector"], "flowControl.saturationDetector", ("pluginRef",))
         cfg = replace(cfg, detector=_plugin_ref(d.get("pluginRef"), "flowControl.saturationDetector.pluginRef",
                                                 plugins, DETECTORS))
     if "defaultPriorityBand" in doc:

@@ -32,6 +32,19 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+def mapping(v: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """A YAML mapping of a config document (None: empty) whose keys are all in `allowed`; else a
+    ConfigError naming `where` and the unknown field (with the known ones)."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(v).__name__}")
+    for key in v:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown field {key!r} (known: {', '.join(allowed)})")
+    return v
+
+
 def parse_duration(v: Any, where: str) -> float:
     """A Go duration string ("200ms", "1.5s", "1m30s") in seconds, > 0."""
     if not isinstance(v, str) or not v:

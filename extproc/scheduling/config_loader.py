@@ -53,7 +53,7 @@ import yaml
 from extproc.config.flow_control import FEATURE_GATE as FLOW_CONTROL_GATE
 from extproc.config.flow_control import parse_flow_control
 from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
-from extproc.config.values import ConfigError, parse_duration
+from extproc.config.values import ConfigError, mapping, parse_duration
 from extproc.scheduling.build import FILTERS, PICKERS, SCORERS, Profile
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1", "llm-d.ai/v1")
@@ -205,17 +205,6 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
 }
 
 
-def _mapping(v: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(v).__name__}")
-    for key in v:
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown field {key!r} (known: {', '.join(allowed)})")
-    return v
-
-
 def _list(v: Any, where: str) -> list[Any]:
     if v is None:
         return []
@@ -230,7 +219,7 @@ class _Loader:
         self.plugins: dict[str, str] = {}  # name -> type, in order
 
     def ref(self, entry: Any, where: str, types: tuple[str, ...] | None = None) -> str:
-        doc = _mapping(entry, where, ("pluginRef",))
+        doc = mapping(entry, where, ("pluginRef",))
         name = doc.get("pluginRef")
         if name not in self.plugins:
             raise ConfigError(f"{where}.pluginRef: no plugin named {name!r}")
@@ -242,7 +231,7 @@ class _Loader:
         seen_types: set[str] = set()
         for i, entry in enumerate(entries):
             where = f"plugins[{i}]"
-            doc = _mapping(entry, where, ("type", "name", "parameters"))
+            doc = mapping(entry, where, ("type", "name", "parameters"))
             ptype = doc.get("type")
             if ptype not in PLUGIN_PARAMS:
                 raise ConfigError(f"{where}: unknown plugin type {ptype!r} (known: {', '.join(PLUGIN_PARAMS)})")
@@ -276,12 +265,12 @@ class _Loader:
             entries: list[tuple[str, Any, str]] = [(n, None, f"plugins ({n})") for n in names]
             pname = "default"
         else:
-            doc = _mapping(profiles[0], "schedulingProfiles[0]", ("name", "plugins"))
+            doc = mapping(profiles[0], "schedulingProfiles[0]", ("name", "plugins"))
             pname = str(doc.get("name") or "default")
             entries = []
             for i, e in enumerate(_list(doc.get("plugins"), "schedulingProfiles[0].plugins")):
                 where = f"schedulingProfiles[0].plugins[{i}]"
-                d = _mapping(e, where, ("pluginRef", "weight"))
+                d = mapping(e, where, ("pluginRef", "weight"))
                 entries.append((self.ref({"pluginRef": d.get("pluginRef")}, where), d.get("weight"), where))
         filters: list[str] = []
         scorers: list[tuple[str, float]] = []
@@ -310,14 +299,14 @@ class _Loader:
         if isinstance(section, dict) and "pluginRef" in section:
             self.ref(section, "saturationDetector", ("utilization-detector",))
             return
-        doc = _mapping(section, "saturationDetector", ("pluginRef", *_SATURATION_PARAMS))
+        doc = mapping(section, "saturationDetector", ("pluginRef", *_SATURATION_PARAMS))
         self.apply_params("utilization-detector", doc, "saturationDetector")
 
     def data_layer(self, section: Any) -> None:
-        doc = _mapping(section, "dataLayer", ("sources",))
+        doc = mapping(section, "dataLayer", ("sources",))
         for i, src in enumerate(_list(doc.get("sources"), "dataLayer.sources")):
             where = f"dataLayer.sources[{i}]"
-            s = _mapping(src, where, ("pluginRef", "extractors"))
+            s = mapping(src, where, ("pluginRef", "extractors"))
             self.ref({"pluginRef": s.get("pluginRef")}, where, ("metrics-data-source",))
             for j, ex in enumerate(_list(s.get("extractors"), f"{where}.extractors")):
                 self.ref(ex, f"{where}.extractors[{j}]", ("core-metrics-extractor",))
@@ -336,7 +325,7 @@ def load_text(text: str, base: EppConfig, source: str = "--config-text") -> tupl
 
 
 def _load(doc: Any, base: EppConfig) -> tuple[EppConfig, Profile | None]:
-    top = _mapping(doc, "EndpointPickerConfig", TOP_LEVEL)
+    top = mapping(doc, "EndpointPickerConfig", TOP_LEVEL)
     if top.get("apiVersion") not in API_VERSIONS:
         raise ConfigError(f"apiVersion must be one of {list(API_VERSIONS)}, got {top.get('apiVersion')!r}")
     if top.get("kind") != "EndpointPickerConfig":
