@@ -406,7 +406,10 @@ async def test_an_engine_killed_and_restarted_leaves_and_rejoins_the_rotation(
                         timeout=30)
             after = await send(url, [completion(text(700 + i, 200)) for i in range(12)])
             assert x.key in {headers[SERVED] for headers, _ in after}
-            samples = scrape(picker)
+            # Counted when the picker sees the response end, which can come after the client has
+            # its reply: wait for it rather than read once.
+            samples = await until(picker, lambda s: value(s, "prefix_epp_requests_total",
+                                                          outcome="routed", status="200") >= 22, timeout=10)
             assert value(samples, "prefix_epp_requests_total", outcome="routed", status="200") == 22
             assert value(samples, "prefix_epp_fail_open_decisions_total") == 0
     finally:

@@ -123,7 +123,13 @@ async def measure(tmp: Path, n: int, sync: bool) -> tuple[float, list[float], fl
                     await peers_connected(pickers, n - 1)
                 replies = await rounds(url, 0, 4)
                 assert all(status == 200 for status, _, _ in replies)
-                samples = [await asyncio.to_thread(scrape, p) for p in pickers]
+                deadline = time.monotonic() + 10
+                while True:  # each response's end reaches its picker after the client has the reply
+                    samples = [await asyncio.to_thread(scrape, p) for p in pickers]
+                    if sum(value(x, "prefix_epp_requests_total", outcome="routed", status="200")
+                           for x in samples) >= len(replies) or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.05)
     routed = [value(x, "prefix_epp_requests_total", outcome="routed", status="200") for x in samples]
     applied = sum(value(x, "prefix_epp_sync_records_applied_total") for x in samples)
     return hit_rate(replies), [r / sum(routed) for r in routed], applied
