@@ -4,9 +4,14 @@ Response side (cheap on the hot path): `UsageTail.feed` keeps only the last `TAI
 of the response body as a deque of chunks, O(1) per chunk, no parsing. At end of stream
 `parse_usage` finds the last `"usage"` key in the tail whose value is an object (an SSE stream
 with `stream_options.include_usage` ends with the usage chunk; a plain JSON body has it near its
-end), cuts that object out by brace matching and parses only it: `prompt_tokens` and
-`prompt_tokens_details.cached_tokens`. Nothing is reported when either is missing (e.g. a stream
-without include_usage, an error body).
+end), cuts that object out by brace matching and parses only it. Three shapes, as vLLM writes them:
+- Completions and Chat: `prompt_tokens` and `prompt_tokens_details.cached_tokens`;
+- Responses: `input_tokens` (the whole prompt) and `input_tokens_details.cached_tokens`;
+- Anthropic Messages: the prompt is `input_tokens + cache_read_input_tokens +
+  cache_creation_input_tokens` (Anthropic counts `input_tokens` after the cached part) and the
+  cached part is `cache_read_input_tokens` (the final `message_delta` repeats the whole usage).
+Nothing is reported when the prompt or the cached count is missing (e.g. a stream without
+include_usage, an engine without `--enable-prompt-tokens-details`, an error body).
 
 Predictions for the chosen endpoint, in tokens, both capped at what vLLM can reuse,
 `reusable = (prompt_tokens - 1) // B * B` (the last prompt token is always recomputed), B = the
@@ -126,12 +131,22 @@ def parse_usage(tail: bytes) -> Usage | None:
 
 
 def _usage(obj: object) -> Usage | None:
+    """Prompt and cached tokens from one usage object of any of the three shapes (module docstring)."""
     if not isinstance(obj, dict):
         return None
-    prompt = obj.get("prompt_tokens")
-    details = obj.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if type(prompt) is not int or type(cached) is not int:
+    if "prompt_tokens" in obj:  # Completions, Chat
+        prompt, details = obj.get("prompt_tokens"), obj.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    elif "input_tokens_details" in obj:  # Responses
+        prompt, details = obj.get("input_tokens"), obj.get("input_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    else:  # Anthropic Messages
+        uncached, cached = obj.get("input_tokens"), obj.get("cache_read_input_tokens")
+        created = obj.get("cache_creation_input_tokens", 0)
+        if type(uncached) is not int or type(cached) is not int or type(created) is not int:
+            return None
+        prompt = uncached + cached + created
+    if type(prompt) is not int or type(cached) is not int or not 0 <= cached <= prompt:
         return None
     return Usage(prompt, cached)
 

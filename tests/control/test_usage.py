@@ -65,6 +65,26 @@ def test_usage_from_plain_json_bodies_and_its_absence() -> None:
     assert parse_usage(tail_of(usage_first, 1000)) is None  # only the tail is kept
 
 
+def test_usage_in_the_responses_and_messages_shapes() -> None:
+    """vLLM's Responses usage counts the whole prompt in input_tokens; its Anthropic usage counts
+    input_tokens after the cached part, which is cache_read_input_tokens."""
+    responses = {"type": "response.completed", "response": {"output": [{"text": "w" * 9000}], "usage": {
+        "input_tokens": 300, "output_tokens": 8, "total_tokens": 308,
+        "input_tokens_details": {"cached_tokens": 256, "cache_write_tokens": 0}}}}
+    body = b"event: response.completed\ndata: " + orjson.dumps(responses) + b"\n\n"
+    assert parse_usage(tail_of(body, 512)) == Usage(300, 256)
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 44, "output_tokens": 0}}}
+    delta = {"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
+             "usage": {"input_tokens": 44, "output_tokens": 4, "cache_read_input_tokens": 256}}
+    stream = b"".join(b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
+                      for e in (start, delta, {"type": "message_stop"}))
+    assert parse_usage(tail_of(stream, 7)) == Usage(300, 256)
+    created = {"usage": {"input_tokens": 4, "cache_read_input_tokens": 64, "cache_creation_input_tokens": 32}}
+    assert parse_usage(orjson.dumps(created)) == Usage(100, 64)
+    assert parse_usage(orjson.dumps(start["message"])) is None  # no cached count yet: nothing to compare
+    assert parse_usage(b'{"usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 11}}}') is None
+
+
 def test_predictions_per_scorer() -> None:
     # 3 segments of 100, 50 and 10 bytes in 64-byte blocks: 2 + 1 + 1 blocks.
     assert [matched_bytes([100, 50, 10], 64, n) for n in range(5)] == [0, 64, 100, 150, 160]
