@@ -18,9 +18,24 @@ engine hashes. `AllBlocksCleared` empties the source. KV groups (extproc/kvevent
 full-attention groups' stores are indexable; a source indexes the first such group it sees
 (`group_idx`) and applies removals of that group only (or of no group, from older publishers).
 
-Matching (`match`): for each candidate endpoint, the longest run of leading keys held by any one
-of its slots (max over ranks and the speculative slot). The walk ANDs bitmasks and stops at the
+KV cache tiers (extproc/kvevents/tiers.py): a source's CPU and STORAGE blocks (vLLM's offloading
+connector) live in *lower-tier* confirmed slots of their own, one per (source, tier), each bounded
+by `default_capacity` (the engine does not report its offload capacity) with its own bit in
+`_holders`. A lower-tier `BlockStored` with tokens (`self_describing_kv_events`) is keyed as on the
+GPU tier, its parent looked up on any tier of the source; a *placeholder* (engine hashes alone) is
+resolved through the same source's tiers: the engine hash maps to the key its GPU (or this) tier
+announced it under, the same tokens and chain (unresolved hashes are orphans). vLLM re-announces
+a hash once per offloaded chunk that covers it, so lower tiers count announcements per engine hash
+(`refs`, only beyond the first) and a block leaves when its last announcement is removed. The
+GPU tier announces each block once until it removes it and keeps no counts. A tier of weight 0
+is not indexed (its events are skipped).
+
+Matching (`match_tiers`; `match` is its runs): without lower-tier slots among the candidates, for
+each candidate endpoint the longest run of leading keys held by any one of its slots (max over
+ranks and the speculative slot), each block weighing 1. The walk ANDs bitmasks and stops at the
 first key nobody holds; once FEW_TO_WALK (2) or fewer slots are left, each walks its own entries.
+With lower-tier slots, tiers.py's walk: a source's tiers together hold a run, each block weighed
+by the best tier holding it.
 
 Memory: each confirmed slot holds at most its capacity (`set_capacity`, from the engine's
 `num_gpu_blocks` when scraped, else `default_capacity`: `--kv-events-index-capacity`, 32768 by
@@ -37,7 +52,8 @@ from collections.abc import Iterable, Sequence
 
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
-from extproc.kvevents.wire import Cleared, Event, Removed, Stored
+from extproc.kvevents.tiers import Group, TierMatch, tier_weights, walk
+from extproc.kvevents.wire import GPU, TIERS, Cleared, Event, Removed, Stored
 from extproc.prefix.generations import leading_in
 from extproc.prefix.shards import SHARD_MASK, clear_bit, new_shards
 
@@ -58,13 +74,15 @@ class _Slot:
 
 
 class _Confirmed(_Slot):
-    __slots__ = ("engine", "entries", "group")
+    __slots__ = ("engine", "entries", "group", "rank", "refs", "tier")
 
-    def __init__(self, bit: int, endpoint: str) -> None:
+    def __init__(self, bit: int, endpoint: str, rank: int = 0, tier: int = GPU) -> None:
         super().__init__(bit, endpoint)
+        self.rank, self.tier = rank, tier
         self.entries: dict[int, int] = {}  # our key -> engine hash, LRU order
         self.engine: dict[int, int] = {}  # engine hash -> our key
-        self.group: int | None = None  # the full-attention KV group indexed (the first one stored)
+        self.refs: dict[int, int] = {}  # lower tiers: engine hash -> announcements, where more than one
+        self.group: int | None = None  # the full-attention KV group indexed (the first one stored; GPU slot)
 
 
 class _Speculative(_Slot):
@@ -77,13 +95,18 @@ class _Speculative(_Slot):
 
 class PreciseIndex:
     def __init__(self, default_capacity: int,
-                 speculative_ttl_s: float = KVEventsConfig().speculative_ttl_s) -> None:
+                 speculative_ttl_s: float = KVEventsConfig().speculative_ttl_s,
+                 weights: Sequence[tuple[str, float]] = KVEventsConfig().tier_weights) -> None:
         if default_capacity <= 0:
             raise ValueError("capacity must be positive")
         self.default_capacity = default_capacity
         self.speculative_ttl_s = speculative_ttl_s
+        self.weights = tier_weights(weights, KVEventsConfig().tier_weights)  # by tier
         self._holders = new_shards()
-        self._confirmed: dict[Source, _Confirmed] = {}
+        self._confirmed: dict[Source, _Confirmed] = {}  # the GPU tier's slots
+        self._lower: dict[tuple[Source, int], _Confirmed] = {}  # (source, tier) -> a CPU or STORAGE slot
+        self._lower_bits = 0  # their bits: a match among candidates with none of them is GPU-only
+        self._groups: tuple[int, list[Group]] | None = None  # the last tiered match's (slots mask, groups)
         self._speculative: dict[str, _Speculative] = {}
         self._slots_of: dict[str, list[_Slot]] = {}
         self._owner: dict[int, str] = {}  # bit -> endpoint
@@ -98,8 +121,9 @@ class PreciseIndex:
         self._candidates: tuple[list[str], frozenset[str], int, dict[int, _Confirmed | _Speculative]] | None = None
         self.lora_names: set[str] = set()
         self.last_block_size = 0  # block_size of the latest BlockStored
-        self.entries = 0  # confirmed (slot, key) entries
+        self.entries = 0  # confirmed (slot, key) entries, every tier
         self.stored = self.removed = self.orphaned = self.evicted = self.skipped = self.cleared = 0
+        self.resolved = 0  # placeholder blocks resolved through the source's tiers
 
     # -- slots -------------------------------------------------------------------------------
     def _new_bit(self, endpoint: str) -> int:
@@ -117,6 +141,23 @@ class PreciseIndex:
             self._add_slot(slot)
         return slot
 
+    def _lower_slot(self, source: Source, tier: int) -> _Confirmed:
+        slot = self._lower.get((source, tier))
+        if slot is None:
+            slot = _Confirmed(self._new_bit(source[0]), source[0], source[1], tier)
+            self._lower[(source, tier)] = slot
+            self._lower_bits |= 1 << slot.bit
+            self._add_slot(slot)
+        return slot
+
+    def _tiers_of(self, source: Source) -> list[_Confirmed]:
+        """The source's slots, GPU first (those that exist)."""
+        gpu = self._confirmed.get(source)
+        slots = [gpu] if gpu is not None else []
+        if self._lower_bits:
+            slots.extend(s for t in range(1, len(TIERS)) if (s := self._lower.get((source, t))) is not None)
+        return slots
+
     def _speculative_slot(self, endpoint: str) -> _Speculative:
         slot = self._speculative.get(endpoint)
         if slot is None:
@@ -127,6 +168,7 @@ class PreciseIndex:
 
     def _add_slot(self, slot: _Confirmed | _Speculative) -> None:
         self._slots_of.setdefault(slot.endpoint, []).append(slot)
+        self._groups = None
         cached = self._candidates
         if cached is not None and slot.endpoint in cached[1]:
             cached[3][slot.bit] = slot
@@ -141,7 +183,7 @@ class PreciseIndex:
             raise ValueError("capacity must be positive")
         self._capacity[endpoint] = capacity
         for slot in self._slots_of.get(endpoint, ()):
-            if isinstance(slot, _Confirmed):
+            if isinstance(slot, _Confirmed) and slot.tier == GPU:
                 self._evict(slot, capacity)
 
     def capacity(self, endpoint: str) -> int:
@@ -153,26 +195,32 @@ class PreciseIndex:
         if isinstance(event, Stored):
             return self._stored(source, event)
         if isinstance(event, Removed):
-            return self._removed(source, event) if event.indexable else 0  # GPU tier only
+            if not event.indexable:
+                return 0
+            return self._removed(source, event) if event.tier == GPU else self._removed_lower(source, event)
         if isinstance(event, Cleared):
             self.cleared += 1
             self.clear_source(source)
         return 0
 
     def _stored(self, source: Source, ev: Stored) -> int:
-        if not ev.indexable:
+        if not ev.indexable or not self.weights[ev.tier]:
             self.skipped += len(ev.block_hashes)
             return 0
-        slot = self._confirmed_slot(source)
-        if ev.group is not None and ev.group != slot.group:
-            if slot.group is not None:  # a second full-attention group repeats the first's blocks
+        gpu = self._confirmed_slot(source)
+        if ev.group is not None and ev.group != gpu.group:
+            if gpu.group is not None:  # a second full-attention group repeats the first's blocks
                 self.skipped += len(ev.block_hashes)
                 return 0
-            slot.group = ev.group
+            gpu.group = ev.group
+        slot = gpu if ev.tier == GPU else self._lower_slot(source, ev.tier)
+        if ev.placeholder:
+            return self._hold(slot, self._resolve(source, ev.block_hashes))
         if ev.parent is None:
             parent = key_seed(ev.lora_name)
         else:
-            found = slot.engine.get(ev.parent)
+            found = next((k for s in self._tiers_of(source) if (k := s.engine.get(ev.parent)) is not None), None) \
+                if ev.tier != GPU else gpu.engine.get(ev.parent)
             if found is None:
                 self.orphaned += len(ev.block_hashes)
                 return 0
@@ -185,9 +233,26 @@ class PreciseIndex:
         except ValueError:
             self.skipped += len(ev.block_hashes)
             return 0
-        holders, entries, engine, bit = self._holders, slot.entries, slot.engine, 1 << slot.bit
+        return self._hold(slot, zip(ev.block_hashes, keys, strict=False))
+
+    def _resolve(self, source: Source, hashes: list[int]) -> list[tuple[int, int]]:
+        """(engine hash, our key) of a placeholder's hashes that some tier of the source announced."""
+        tiers = self._tiers_of(source)
+        pairs = []
+        for h in hashes:
+            key = next((k for s in tiers if (k := s.engine.get(h)) is not None), None)
+            if key is not None:
+                pairs.append((h, key))
+        self.resolved += len(pairs)
+        self.orphaned += len(hashes) - len(pairs)
+        return pairs
+
+    def _hold(self, slot: _Confirmed, pairs: Iterable[tuple[int, int]]) -> int:
+        """Enter (engine hash, key) pairs in a confirmed slot, most recent last; returns those new."""
+        holders, entries, engine, refs, bit = self._holders, slot.entries, slot.engine, slot.refs, 1 << slot.bit
+        counted = slot.tier != GPU
         added = 0
-        for engine_hash, key in zip(ev.block_hashes, keys, strict=False):
+        for engine_hash, key in pairs:
             old = entries.pop(key, None)
             if old is None:
                 shard = holders[key & SHARD_MASK]
@@ -196,11 +261,14 @@ class PreciseIndex:
                 added += 1
             elif old != engine_hash:
                 engine.pop(old, None)
+                refs.pop(old, None)
+            elif counted:  # announced again (another offloaded chunk covering it)
+                refs[engine_hash] = refs.get(engine_hash, 1) + 1
             entries[key] = engine_hash
             engine[engine_hash] = key
         self.entries += added
         self.stored += added
-        capacity = self._capacity.get(source[0], self.default_capacity)
+        capacity = self._capacity.get(slot.endpoint, self.default_capacity) if not counted else self.default_capacity
         if len(entries) > capacity:
             self._evict(slot, capacity)
         return added
@@ -226,6 +294,31 @@ class PreciseIndex:
         self.removed += n
         return n
 
+    def _removed_lower(self, source: Source, ev: Removed) -> int:
+        """A CPU or STORAGE removal: one announcement of each hash fewer; gone at the last."""
+        slot = self._lower.get((source, ev.tier))
+        gpu = self._confirmed.get(source)
+        if slot is None or gpu is None or ev.group not in (None, gpu.group if gpu.group is not None else 0):
+            return 0
+        entries, engine, refs = slot.entries, slot.engine, slot.refs
+        n = 0
+        for engine_hash in ev.block_hashes:
+            key = engine.get(engine_hash)
+            if key is None:
+                continue
+            count = refs.pop(engine_hash, 1)
+            if count > 1:
+                refs[engine_hash] = count - 1
+                continue
+            del engine[engine_hash]
+            if entries.get(key) == engine_hash:
+                del entries[key]
+                self._clear_bit(key, slot.bit)
+                n += 1
+        self.entries -= n
+        self.removed += n
+        return n
+
     def _evict(self, slot: _Confirmed, capacity: int) -> None:
         excess = len(slot.entries) - capacity
         if excess <= 0:
@@ -236,25 +329,26 @@ class PreciseIndex:
             if len(victims) >= excess:
                 break
         for key in victims:
-            slot.engine.pop(slot.entries.pop(key), None)
+            engine_hash = slot.entries.pop(key)
+            slot.engine.pop(engine_hash, None)
+            slot.refs.pop(engine_hash, None)
             self._clear_bit(key, slot.bit)
         self.entries -= len(victims)
         self.evicted += len(victims)
 
     def clear_source(self, source: Source) -> None:
-        """Forget what one source holds (cache reset, engine restart, lost events)."""
-        slot = self._confirmed.get(source)
-        if slot is None:
-            return
-        for key in slot.entries:
-            self._clear_bit(key, slot.bit)
-        self.entries -= len(slot.entries)
-        slot.entries = {}
-        slot.engine = {}
+        """Forget what one source holds, every tier (cache reset, engine restart, lost events)."""
+        for slot in self._tiers_of(source):
+            for key in slot.entries:
+                self._clear_bit(key, slot.bit)
+            self.entries -= len(slot.entries)
+            slot.entries = {}
+            slot.engine = {}
+            slot.refs = {}
 
     def remove_endpoint(self, endpoint: str) -> None:
         """Purge an endpoint that left the pool: all its ranks and its speculative entries."""
-        self._candidates = None
+        self._candidates = self._groups = None
         for slot in self._slots_of.pop(endpoint, ()):
             keys: Iterable[int] = slot.entries if isinstance(slot, _Confirmed | _Speculative) else ()
             for key in keys:
@@ -264,8 +358,11 @@ class PreciseIndex:
             slot.alive = False
             self._owner.pop(slot.bit, None)
             self._free_bits.append(slot.bit)
+            self._lower_bits &= ~(1 << slot.bit)
         for source in [s for s in self._confirmed if s[0] == endpoint]:
             del self._confirmed[source]
+        for lower in [s for s in self._lower if s[0][0] == endpoint]:
+            del self._lower[lower]
         self._speculative.pop(endpoint, None)
         self._capacity.pop(endpoint, None)
 
@@ -312,9 +409,45 @@ class PreciseIndex:
         return bool(self._holders[key & SHARD_MASK].get(key, 0))
 
     def match(self, keys: Sequence[int], candidates: Iterable[str], now: float) -> dict[str, int]:
-        """Leading keys held per candidate (best slot); candidates holding none are omitted."""
+        """Leading keys held per candidate (best slot, or best source over its tiers); candidates
+        holding none are omitted."""
+        return self.match_tiers(keys, candidates, now).runs
+
+    def match_tiers(self, keys: Sequence[int], candidates: Iterable[str], now: float) -> TierMatch:
+        """`match`'s runs, weighed by tier (the module docstring's Matching)."""
         self.expire(now)
         active, by_bit = self._candidate_slots(candidates)
+        if active & self._lower_bits and keys:
+            holders = self._holders
+            return walk(keys, self._tier_groups(active, by_bit),
+                        lambda key: holders[key & SHARD_MASK].get(key, 0))
+        runs = self._match_runs(keys, active, by_bit)
+        return TierMatch(runs, runs, {})
+
+    def _tier_groups(self, active: int, by_bit: dict[int, _Confirmed | _Speculative]) -> list[Group]:
+        """tiers.py's groups of the candidates' slots: a source's tiers together, a speculative slot
+        alone; kept while the same slots are asked (a slot made or removed drops them)."""
+        kept = self._groups
+        if kept is not None and kept[0] == active:
+            return kept[1]
+        groups: dict[tuple[str, int], Group] = {}
+        out = []
+        for bit, slot in by_bit.items():
+            if isinstance(slot, _Speculative):
+                g = Group(slot.endpoint)
+                g.add(bit, self.weights[GPU], GPU)  # a prediction of what the engine holds on GPU
+                out.append(g)
+                continue
+            found = groups.get((slot.endpoint, slot.rank))
+            if found is None:
+                found = groups[(slot.endpoint, slot.rank)] = Group(slot.endpoint)
+                out.append(found)
+            found.add(bit, self.weights[slot.tier], slot.tier)
+        self._groups = (active, out)
+        return out
+
+    def _match_runs(self, keys: Sequence[int], active: int, by_bit: dict[int, _Confirmed | _Speculative]) \
+            -> dict[str, int]:
         result: dict[str, int] = {}
         if not active or not keys:
             return result
@@ -372,9 +505,10 @@ class PreciseIndex:
             mask ^= low
 
     # -- introspection -----------------------------------------------------------------------
-    def held(self, endpoint: str) -> int:
-        """Confirmed entries of an endpoint, all ranks together."""
-        return sum(len(s.entries) for s in self._slots_of.get(endpoint, ()) if isinstance(s, _Confirmed))
+    def held(self, endpoint: str, tier: int = GPU) -> int:
+        """Confirmed entries of an endpoint on one tier, all ranks together."""
+        return sum(len(s.entries) for s in self._slots_of.get(endpoint, ())
+                   if isinstance(s, _Confirmed) and s.tier == tier)
 
     def speculative(self, endpoint: str) -> int:
         slot = self._speculative.get(endpoint)

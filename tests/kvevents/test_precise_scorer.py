@@ -29,6 +29,7 @@ def test_usable_endpoints_score_precisely_the_others_approximately() -> None:
     r = SchedulingRequest("r", "m", block_hashes=[1, 2, 3, 4], token_keys=[7, 8, 9, 10, 11])
     r.prefix_match = {a.key: 4, b.key: 2, c.key: 4}
     r.precise_match = {a.key: 0, b.key: 5}
+    r.precise_weighted = r.precise_match
     r.precise_usable = frozenset({a.key, b.key})
     assert PrecisePrefixScorer().score(r, [a, b, c]) == [0.0, 1.0, 1.0]  # c: no usable events -> approximate
     r.token_keys = None  # no tokens (tokenizer failed, cache_salt): approximate everywhere
@@ -44,8 +45,13 @@ class FakePrecise:
         self.usable, self.held = usable, held
         self.recorded: list[tuple[str, list[int]]] = []
 
-    def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]:
-        return {k: v for k, v in self.held.items() if k in candidates}, frozenset(self.usable & set(candidates))
+    def match(self, keys: Sequence[int], candidates: Sequence[str]) \
+            -> tuple[dict[str, int], frozenset[str], dict[str, int]]:
+        held = {k: v for k, v in self.held.items() if k in candidates}
+        return held, frozenset(self.usable & set(candidates)), held
+
+    def chosen(self, endpoint: str) -> None:
+        pass
 
     def record_later(self, endpoint: str, keys: Sequence[int]) -> bool:
         self.recorded.append((endpoint, list(keys)))  # made at once: nothing is pending
