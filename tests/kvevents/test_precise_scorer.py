@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+import pytest
+
 from extproc.config.settings import EppConfig, KVEventsConfig, PrefixConfig
+from extproc.config.values import ConfigError
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec
 from extproc.discovery.static import parse_endpoints
 from extproc.kvevents.manager import source_addresses
@@ -164,3 +168,17 @@ def test_cli_flags_default_to_and_fill_kv_events_config() -> None:
     k = serve.config_from_args(args).kv_events
     assert (k.prefix_scorer, k.replay_port, k.speculative_ttl_s, k.dp_size, k.tokenizer, k.tokenize_timeout_s) == (
         "precise", 5558, 0.25, 2, "remote", 0.05)
+
+
+def test_endpoint_picker_config_takes_llm_ds_tier_weights() -> None:
+    text = HEAD + ("plugins:\n- type: precise-prefix-cache-scorer\n  parameters:\n    kvCacheBackendConfigs:\n"
+                   "    - {name: gpu, weight: 1.0}\n    - {name: CPU, weight: 0.5}\n")
+    cfg, _ = load_text(text, EppConfig())
+    assert cfg.kv_events.tier_weights == (("gpu", 1.0), ("cpu", 0.5))
+    for bad, says in (("[{name: tpu, weight: 1}]", "unknown KV cache tier 'tpu'"),
+                      ("[{name: cpu, weight: 1.5}]", "must be in [0, 1]"),
+                      ("[{name: cpu}]", "a tier name and a numeric weight"),
+                      ("{cpu: 0.8}", "expected a list")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_text(HEAD + f"plugins:\n- type: precise-prefix-cache-scorer\n  parameters:\n"
+                             f"    kvCacheBackendConfigs: {bad}\n", EppConfig())
