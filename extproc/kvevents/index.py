@@ -3,9 +3,9 @@
 Dual-key structure (llm-d's design, in our own key space, see extproc/kvevents/keys.py):
 - `_holders`: our key -> bitmask of slots holding it (one walk answers every candidate), in
   shards (extproc/prefix/shards.py: no update rebuilds millions of entries at once).
-- A *confirmed* slot per source (endpoint, data-parallel rank): `entries` our key -> engine hash,
-  in LRU order (insertion order; a re-stored block moves to the end), and `engine` engine hash ->
-  our key, which resolves `parent_block_hash` of later `BlockStored` events and `BlockRemoved`.
+- A *confirmed* slot (extproc/kvevents/slots.py) per source (endpoint, data-parallel rank) and
+  KV cache tier: our keys in LRU order and the engine's hashes mapped to them, which resolve
+  `parent_block_hash` of later `BlockStored` events, `BlockRemoved` and placeholders.
 - A *speculative* slot per endpoint: keys predicted at decision time for the chosen endpoint
   (`record_speculative`), each living `speculative_ttl_s` (default 2 s) so back-to-back requests
   with one prefix stick before the engine's events arrive. A `BlockRemoved` drops the key from the
@@ -19,16 +19,13 @@ full-attention groups' stores are indexable; a source indexes the first such gro
 (`group_idx`) and applies removals of that group only (or of no group, from older publishers).
 
 KV cache tiers (extproc/kvevents/tiers.py): a source's CPU and STORAGE blocks (vLLM's offloading
-connector) live in *lower-tier* confirmed slots of their own, one per (source, tier), each bounded
-by `default_capacity` (the engine does not report its offload capacity) with its own bit in
-`_holders`. A lower-tier `BlockStored` with tokens (`self_describing_kv_events`) is keyed as on the
-GPU tier, its parent looked up on any tier of the source; a *placeholder* (engine hashes alone) is
-resolved through the same source's tiers: the engine hash maps to the key its GPU (or this) tier
-announced it under, the same tokens and chain (unresolved hashes are orphans). vLLM re-announces
-a hash once per offloaded chunk that covers it, so lower tiers count announcements per engine hash
-(`refs`, only beyond the first) and a block leaves when its last announcement is removed. The
-GPU tier announces each block once until it removes it and keeps no counts. A tier of weight 0
-is not indexed (its events are skipped).
+connector) live in lower-tier slots of their own, each bounded by `default_capacity` (the engine
+does not report its offload capacity). A lower-tier `BlockStored` with tokens
+(`self_describing_kv_events`) is keyed as on the GPU tier, its parent looked up on any tier of the
+source; a *placeholder* (engine hashes alone) is resolved through the source's tiers: the hash maps
+to the key its GPU (or a lower) tier announced it under, the same tokens and chain (`resolved`;
+unresolved hashes are orphans). Lower tiers count repeated announcements (slots.py). A tier of
+weight 0 is not indexed (its events are skipped).
 
 Matching (`match_tiers`; `match` is its runs): without lower-tier slots among the candidates, for
 each candidate endpoint the longest run of leading keys held by any one of its slots (max over
@@ -52,6 +49,7 @@ from collections.abc import Iterable, Sequence
 
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
+from extproc.kvevents.slots import Confirmed, Slot, Speculative, evict, hold, release
 from extproc.kvevents.tiers import Group, TierMatch, tier_weights, walk
 from extproc.kvevents.wire import GPU, TIERS, Cleared, Event, Removed, Stored
 from extproc.prefix.generations import leading_in
@@ -64,35 +62,6 @@ BYTES_PER_ENTRY = 230  # measured with tracemalloc, CPython 3.11 (tests/kvevents
 FEW_TO_WALK = 2
 
 
-class _Slot:
-    __slots__ = ("alive", "bit", "endpoint")
-
-    def __init__(self, bit: int, endpoint: str) -> None:
-        self.bit = bit
-        self.endpoint = endpoint
-        self.alive = True
-
-
-class _Confirmed(_Slot):
-    __slots__ = ("engine", "entries", "group", "rank", "refs", "tier")
-
-    def __init__(self, bit: int, endpoint: str, rank: int = 0, tier: int = GPU) -> None:
-        super().__init__(bit, endpoint)
-        self.rank, self.tier = rank, tier
-        self.entries: dict[int, int] = {}  # our key -> engine hash, LRU order
-        self.engine: dict[int, int] = {}  # engine hash -> our key
-        self.refs: dict[int, int] = {}  # lower tiers: engine hash -> announcements, where more than one
-        self.group: int | None = None  # the full-attention KV group indexed (the first one stored; GPU slot)
-
-
-class _Speculative(_Slot):
-    __slots__ = ("entries",)
-
-    def __init__(self, bit: int, endpoint: str) -> None:
-        super().__init__(bit, endpoint)
-        self.entries: dict[int, float] = {}  # our key -> expiry (clock seconds)
-
-
 class PreciseIndex:
     def __init__(self, default_capacity: int,
                  speculative_ttl_s: float = KVEventsConfig().speculative_ttl_s,
@@ -103,22 +72,22 @@ class PreciseIndex:
         self.speculative_ttl_s = speculative_ttl_s
         self.weights = tier_weights(weights, KVEventsConfig().tier_weights)  # by tier
         self._holders = new_shards()
-        self._confirmed: dict[Source, _Confirmed] = {}  # the GPU tier's slots
-        self._lower: dict[tuple[Source, int], _Confirmed] = {}  # (source, tier) -> a CPU or STORAGE slot
+        self._confirmed: dict[Source, Confirmed] = {}  # the GPU tier's slots
+        self._lower: dict[tuple[Source, int], Confirmed] = {}  # (source, tier) -> a CPU or STORAGE slot
         self._lower_bits = 0  # their bits: a match among candidates with none of them is GPU-only
         self._groups: tuple[int, list[Group]] | None = None  # the last tiered match's (slots mask, groups)
-        self._speculative: dict[str, _Speculative] = {}
-        self._slots_of: dict[str, list[_Slot]] = {}
+        self._speculative: dict[str, Speculative] = {}
+        self._slots_of: dict[str, list[Slot]] = {}
         self._owner: dict[int, str] = {}  # bit -> endpoint
         self._free_bits: list[int] = []
         self._next_bit = 0
         self._capacity: dict[str, int] = {}
-        self._queue: deque[tuple[float, _Speculative, Sequence[int]]] = deque()
+        self._queue: deque[tuple[float, Speculative, Sequence[int]]] = deque()
         # The last candidate list `match` saw (and as a set), its slots' mask and bit -> slot (as
         # in extproc/prefix/index.py); a slot made for one of them joins it (each endpoint's first
         # routing makes its speculative slot: a pool's first decisions would each rebuild it),
         # and an endpoint removed drops it.
-        self._candidates: tuple[list[str], frozenset[str], int, dict[int, _Confirmed | _Speculative]] | None = None
+        self._candidates: tuple[list[str], frozenset[str], int, dict[int, Confirmed | Speculative]] | None = None
         self.lora_names: set[str] = set()
         self.last_block_size = 0  # block_size of the latest BlockStored
         self.entries = 0  # confirmed (slot, key) entries, every tier
@@ -133,24 +102,24 @@ class PreciseIndex:
         self._owner[bit] = endpoint
         return bit
 
-    def _confirmed_slot(self, source: Source) -> _Confirmed:
+    def _confirmed_slot(self, source: Source) -> Confirmed:
         slot = self._confirmed.get(source)
         if slot is None:
-            slot = _Confirmed(self._new_bit(source[0]), source[0])
+            slot = Confirmed(self._new_bit(source[0]), source[0])
             self._confirmed[source] = slot
             self._add_slot(slot)
         return slot
 
-    def _lower_slot(self, source: Source, tier: int) -> _Confirmed:
+    def _lower_slot(self, source: Source, tier: int) -> Confirmed:
         slot = self._lower.get((source, tier))
         if slot is None:
-            slot = _Confirmed(self._new_bit(source[0]), source[0], source[1], tier)
+            slot = Confirmed(self._new_bit(source[0]), source[0], source[1], tier)
             self._lower[(source, tier)] = slot
             self._lower_bits |= 1 << slot.bit
             self._add_slot(slot)
         return slot
 
-    def _tiers_of(self, source: Source) -> list[_Confirmed]:
+    def _tiers_of(self, source: Source) -> list[Confirmed]:
         """The source's slots, GPU first (those that exist)."""
         gpu = self._confirmed.get(source)
         slots = [gpu] if gpu is not None else []
@@ -158,15 +127,15 @@ class PreciseIndex:
             slots.extend(s for t in range(1, len(TIERS)) if (s := self._lower.get((source, t))) is not None)
         return slots
 
-    def _speculative_slot(self, endpoint: str) -> _Speculative:
+    def _speculative_slot(self, endpoint: str) -> Speculative:
         slot = self._speculative.get(endpoint)
         if slot is None:
-            slot = _Speculative(self._new_bit(endpoint), endpoint)
+            slot = Speculative(self._new_bit(endpoint), endpoint)
             self._speculative[endpoint] = slot
             self._add_slot(slot)
         return slot
 
-    def _add_slot(self, slot: _Confirmed | _Speculative) -> None:
+    def _add_slot(self, slot: Confirmed | Speculative) -> None:
         self._slots_of.setdefault(slot.endpoint, []).append(slot)
         self._groups = None
         cached = self._candidates
@@ -183,7 +152,7 @@ class PreciseIndex:
             raise ValueError("capacity must be positive")
         self._capacity[endpoint] = capacity
         for slot in self._slots_of.get(endpoint, ()):
-            if isinstance(slot, _Confirmed) and slot.tier == GPU:
+            if isinstance(slot, Confirmed) and slot.tier == GPU:
                 self._evict(slot, capacity)
 
     def capacity(self, endpoint: str) -> int:
@@ -247,29 +216,14 @@ class PreciseIndex:
         self.orphaned += len(hashes) - len(pairs)
         return pairs
 
-    def _hold(self, slot: _Confirmed, pairs: Iterable[tuple[int, int]]) -> int:
-        """Enter (engine hash, key) pairs in a confirmed slot, most recent last; returns those new."""
-        holders, entries, engine, refs, bit = self._holders, slot.entries, slot.engine, slot.refs, 1 << slot.bit
-        counted = slot.tier != GPU
-        added = 0
-        for engine_hash, key in pairs:
-            old = entries.pop(key, None)
-            if old is None:
-                shard = holders[key & SHARD_MASK]
-                held = shard.get(key)
-                shard[key] = bit if held is None else held | bit
-                added += 1
-            elif old != engine_hash:
-                engine.pop(old, None)
-                refs.pop(old, None)
-            elif counted:  # announced again (another offloaded chunk covering it)
-                refs[engine_hash] = refs.get(engine_hash, 1) + 1
-            entries[key] = engine_hash
-            engine[engine_hash] = key
+    def _hold(self, slot: Confirmed, pairs: Iterable[tuple[int, int]]) -> int:
+        """Enter (engine hash, key) pairs in a confirmed slot (slots.hold), within its capacity."""
+        added = hold(self._holders, slot, pairs)
         self.entries += added
         self.stored += added
-        capacity = self._capacity.get(slot.endpoint, self.default_capacity) if not counted else self.default_capacity
-        if len(entries) > capacity:
+        capacity = self.default_capacity if slot.tier != GPU else self._capacity.get(slot.endpoint,
+                                                                                      self.default_capacity)
+        if len(slot.entries) > capacity:
             self._evict(slot, capacity)
         return added
 
@@ -300,41 +254,15 @@ class PreciseIndex:
         gpu = self._confirmed.get(source)
         if slot is None or gpu is None or ev.group not in (None, gpu.group if gpu.group is not None else 0):
             return 0
-        entries, engine, refs = slot.entries, slot.engine, slot.refs
-        n = 0
-        for engine_hash in ev.block_hashes:
-            key = engine.get(engine_hash)
-            if key is None:
-                continue
-            count = refs.pop(engine_hash, 1)
-            if count > 1:
-                refs[engine_hash] = count - 1
-                continue
-            del engine[engine_hash]
-            if entries.get(key) == engine_hash:
-                del entries[key]
-                self._clear_bit(key, slot.bit)
-                n += 1
+        n = release(self._holders, slot, ev.block_hashes)
         self.entries -= n
         self.removed += n
         return n
 
-    def _evict(self, slot: _Confirmed, capacity: int) -> None:
-        excess = len(slot.entries) - capacity
-        if excess <= 0:
-            return
-        victims = []
-        for key in slot.entries:
-            victims.append(key)
-            if len(victims) >= excess:
-                break
-        for key in victims:
-            engine_hash = slot.entries.pop(key)
-            slot.engine.pop(engine_hash, None)
-            slot.refs.pop(engine_hash, None)
-            self._clear_bit(key, slot.bit)
-        self.entries -= len(victims)
-        self.evicted += len(victims)
+    def _evict(self, slot: Confirmed, capacity: int) -> None:
+        n = evict(self._holders, slot, capacity)
+        self.entries -= n
+        self.evicted += n
 
     def clear_source(self, source: Source) -> None:
         """Forget what one source holds, every tier (cache reset, engine restart, lost events)."""
@@ -350,10 +278,10 @@ class PreciseIndex:
         """Purge an endpoint that left the pool: all its ranks and its speculative entries."""
         self._candidates = self._groups = None
         for slot in self._slots_of.pop(endpoint, ()):
-            keys: Iterable[int] = slot.entries if isinstance(slot, _Confirmed | _Speculative) else ()
+            keys: Iterable[int] = slot.entries if isinstance(slot, Confirmed | Speculative) else ()
             for key in keys:
                 self._clear_bit(key, slot.bit)
-            if isinstance(slot, _Confirmed):
+            if isinstance(slot, Confirmed):
                 self.entries -= len(slot.entries)
             slot.alive = False
             self._owner.pop(slot.bit, None)
@@ -424,7 +352,7 @@ class PreciseIndex:
         runs = self._match_runs(keys, active, by_bit)
         return TierMatch(runs, runs, {})
 
-    def _tier_groups(self, active: int, by_bit: dict[int, _Confirmed | _Speculative]) -> list[Group]:
+    def _tier_groups(self, active: int, by_bit: dict[int, Confirmed | Speculative]) -> list[Group]:
         """tiers.py's groups of the candidates' slots: a source's tiers together, a speculative slot
         alone; kept while the same slots are asked (a slot made or removed drops them)."""
         kept = self._groups
@@ -433,7 +361,7 @@ class PreciseIndex:
         groups: dict[tuple[str, int], Group] = {}
         out = []
         for bit, slot in by_bit.items():
-            if isinstance(slot, _Speculative):
+            if isinstance(slot, Speculative):
                 g = Group(slot.endpoint)
                 g.add(bit, self.weights[GPU], GPU)  # a prediction of what the engine holds on GPU
                 out.append(g)
@@ -446,7 +374,7 @@ class PreciseIndex:
         self._groups = (active, out)
         return out
 
-    def _match_runs(self, keys: Sequence[int], active: int, by_bit: dict[int, _Confirmed | _Speculative]) \
+    def _match_runs(self, keys: Sequence[int], active: int, by_bit: dict[int, Confirmed | Speculative]) \
             -> dict[str, int]:
         result: dict[str, int] = {}
         if not active or not keys:
@@ -478,18 +406,18 @@ class PreciseIndex:
             active ^= low
         return result
 
-    def _candidate_slots(self, candidates: Iterable[str]) -> tuple[int, dict[int, _Confirmed | _Speculative]]:
+    def _candidate_slots(self, candidates: Iterable[str]) -> tuple[int, dict[int, Confirmed | Speculative]]:
         """(mask of the candidates' slots, bit -> slot), reused while the list is the same."""
         listed = candidates if isinstance(candidates, list) else list(candidates)
         cached = self._candidates
         if cached is not None and cached[0] == listed:
             return cached[2], cached[3]
         active = 0
-        by_bit: dict[int, _Confirmed | _Speculative] = {}
+        by_bit: dict[int, Confirmed | Speculative] = {}
         slots_of = self._slots_of
         for ep in listed:
             for slot in slots_of.get(ep, ()):
-                if isinstance(slot, _Confirmed | _Speculative):
+                if isinstance(slot, Confirmed | Speculative):
                     active |= 1 << slot.bit
                     by_bit[slot.bit] = slot
         self._candidates = (list(listed), frozenset(listed), active, by_bit)
@@ -508,7 +436,7 @@ class PreciseIndex:
     def held(self, endpoint: str, tier: int = GPU) -> int:
         """Confirmed entries of an endpoint on one tier, all ranks together."""
         return sum(len(s.entries) for s in self._slots_of.get(endpoint, ())
-                   if isinstance(s, _Confirmed) and s.tier == tier)
+                   if isinstance(s, Confirmed) and s.tier == tier)
 
     def speculative(self, endpoint: str) -> int:
         slot = self._speculative.get(endpoint)
