@@ -14,6 +14,12 @@
   order without ZeroMQ (in-process decisions): the manager's own usability check then passes.
 - `RawPublisher`: a bare XPUB socket (it sees each subscription arrive) for publishers that
   misbehave: any frames, any sequence; `stored_batch` is one BlockStored batch of chosen size.
+- Recorded KV cache tier streams (`vllm_batch` of `vllm_stored`, `vllm_placeholder`,
+  `vllm_removed`): the bytes vLLM's msgspec encoder writes for its KVEventBatch (an array) of
+  tagged event structs (maps, the tag first, fields in declaration order, defaults omitted), on
+  any medium: GPU as vLLM 0.32's prefix cache publishes it, CPU and STORAGE as its offloading
+  connector does, with `self_describing_kv_events` (tokens, parent, block size, group and kind)
+  or without (a placeholder: the offloaded chunk's last hash, no tokens, block size 0).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import msgpack
 import zmq
 import zmq.asyncio
 
@@ -169,3 +176,34 @@ def heard_from(manager: KVEventsManager, endpoints: Iterable[str], now: float) -
     `now` (no socket: the request path reads only the state)."""
     for key in endpoints:
         manager._subs[key] = [SimpleNamespace(state=SourceState(next_seq=1, heard_at=now, reason=""))]  # type: ignore[list-item]
+
+
+def vllm_stored(hashes: list[int], parent: int | None, tokens: list[int], medium: str = "GPU",
+                block_size: int = 16) -> dict[str, Any]:
+    """A BlockStored with its tokens: the GPU tier's (per-block extra_keys, all None), or an
+    offloading connector's self-describing one (extra_keys left at its default, so omitted)."""
+    event: dict[str, Any] = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+                             "token_ids": tokens, "block_size": block_size, "lora_id": None, "medium": medium,
+                             "lora_name": None}
+    if medium == "GPU":
+        event["extra_keys"] = [None] * len(hashes)
+    event["group_idx"] = 0
+    event["kv_cache_spec_kind"] = "full_attention"
+    return event
+
+
+def vllm_placeholder(chunk_hash: int, medium: str) -> dict[str, Any]:
+    """The offloading connector's BlockStored without self-describing events: one offloaded chunk
+    named by its last block's hash."""
+    return {"type": "BlockStored", "block_hashes": [chunk_hash], "parent_block_hash": None, "token_ids": [],
+            "block_size": 0, "lora_id": None, "medium": medium, "lora_name": None, "group_idx": 0}
+
+
+def vllm_removed(hashes: list[int], medium: str = "GPU") -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium, "group_idx": 0}
+
+
+def vllm_batch(events: list[dict[str, Any]], ts: float = 1757500000.25, rank: int = 0) -> bytes:
+    """A KVEventBatch as the engine sends it (ZmqEventPublisher sets data_parallel_rank)."""
+    payload: bytes = msgpack.packb([ts, events, rank])
+    return payload

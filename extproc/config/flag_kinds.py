@@ -1,17 +1,27 @@
 """What a row of the flag table (extproc/config/flags.py) is: `Flag`, the kinds of value it parses
-(`Kind`: int, float, Go-style bool, Go duration, comma list, endpoint list, choice, text), the numeric `Range` it
+(`Kind`: int, float, Go-style bool, Go duration, comma list, endpoint list, KV cache tier weights,
+choice, text), the numeric `Range` it
 is checked against, and `value_at` / `with_value` to read and set the EppConfig field a row names
 by its dotted path."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from extproc.config.settings import EppConfig
-from extproc.config.values import comma_list, duration, endpoint_list, format_duration, header_name, parse_bool
+from extproc.config.settings import KV_TIERS, EppConfig
+from extproc.config.values import (
+    ConfigError,
+    comma_list,
+    duration,
+    endpoint_list,
+    format_duration,
+    header_name,
+    parse_bool,
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,44 @@ LIST = Kind("comma list", comma_list, tuple[str, ...], show=_show_list)  # items
 # IP:port items (values.endpoint_list): a host name, URL, empty item or bad port is refused by name.
 ENDPOINTS = Kind("endpoint list", endpoint_list, tuple[str, ...], "IP:PORT,...", show=_show_list)
 
+def check_tier_weights(pairs: list[tuple[str, float]], where: str) -> tuple[tuple[str, float], ...]:
+    """KV cache tier weights: known tier names (settings.KV_TIERS), each once, weights in [0, 1], GPU above 0."""
+    seen = set()
+    for name, weight in pairs:
+        if name not in KV_TIERS:
+            raise ConfigError(f"{where}: unknown KV cache tier {name!r} (known: {', '.join(KV_TIERS)})")
+        if name in seen:
+            raise ConfigError(f"{where}: tier {name!r} given twice")
+        seen.add(name)
+        if not 0.0 <= weight <= 1.0 or (name == KV_TIERS[0] and weight == 0.0):
+            raise ConfigError(f"{where}: the weight of {name!r} must be in [0, 1] (gpu above 0), got {weight:g}")
+    return tuple(pairs)
+
+
+def tier_weights(value: str) -> tuple[tuple[str, float], ...]:
+    """The `--kv-tier-weights` flag: "gpu=1,cpu=0.8,storage=0.3" (tiers left out keep their default)."""
+    pairs = []
+    for item in comma_list(value):
+        name, sep, weight = item.partition("=")
+        try:
+            pairs.append((name.strip().lower(), float(weight)))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise argparse.ArgumentTypeError(f"not a tier weight: {item!r} (e.g. gpu=1,cpu=0.8,storage=0.3)")
+    try:
+        return check_tier_weights(pairs, "--kv-tier-weights")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def format_tier_weights(value: tuple[tuple[str, float], ...]) -> str:
+    return ",".join(f"{name}={weight:g}" for name, weight in value)
+
+
+# KV cache tier=weight items (values.tier_weights): an unknown tier or a weight outside [0, 1] is refused.
+TIER_WEIGHTS = Kind("tier weights", tier_weights, tuple[tuple[str, float], ...], "TIER=W,...",
+                    show=format_tier_weights)
 
 def choice(*options: str) -> Kind:
     return Kind("choice", str, str, choices=options)

@@ -37,6 +37,7 @@ from extproc.config.flag_kinds import (
     INT,
     LIST,
     TEXT,
+    TIER_WEIGHTS,
     Flag,
     Kind,
     Range,
@@ -46,8 +47,8 @@ from extproc.config.flag_kinds import (
 )
 from extproc.config.settings import ABLATIONS, NEW_PREFIX_PLACEMENTS, SCHEDULERS, EppConfig
 
-__all__ = ["BOOL", "DURATION", "ENDPOINTS", "FLAGS", "FLOAT", "HEADER", "INT", "LIST", "TEXT", "Flag", "Kind", "Range",
-           "add_arguments", "choice", "config_from_args", "render_markdown", "value_at", "with_value"]
+__all__ = ["BOOL", "DURATION", "ENDPOINTS", "FLAGS", "FLOAT", "HEADER", "INT", "LIST", "TEXT", "TIER_WEIGHTS", "Flag",
+           "Kind", "Range", "add_arguments", "choice", "config_from_args", "render_markdown", "value_at", "with_value"]
 
 
 SERVING = "serving"
@@ -224,11 +225,16 @@ FLAGS: tuple[Flag, ...] = (
          "engine tokens per block until vllm:cache_config_info or an event reports it", AT_LEAST_1,
          parameters=(_PRECISE + "blockSize",)),
     Flag("--kv-events-index-capacity", "kv_events.index_capacity", INT, KV_EVENTS,
-         "precise index entries per endpoint rank until num_gpu_blocks is scraped", AT_LEAST_1,
+         "precise index entries per endpoint rank until num_gpu_blocks is scraped, and per CPU or storage "
+         "tier of a rank", AT_LEAST_1,
          parameters=(_PRECISE + "lruCapacityPerServer",)),
     Flag("--kv-events-max-blocks", "kv_events.max_blocks", INT, KV_EVENTS,
          "leading token blocks of a prompt looked up at most", AT_LEAST_1,
          parameters=(_PRECISE + "maxPrefixBlocksToMatch",)),
+    Flag("--kv-tier-weights", "kv_events.tier_weights", TIER_WEIGHTS, KV_EVENTS,
+         "what a block held on each KV cache tier counts for in the precise match (tiers left out keep their "
+         "default; 0: the tier's events are not indexed); a lower tier's share 1 - weight counts as prefill work",
+         parameters=(_PRECISE + "kvCacheBackendConfigs",)),
     Flag("--kv-events-speculative-ttl", "kv_events.speculative_ttl_s", DURATION, KV_EVENTS,
          "how long decision-time entries count before events confirm them", POSITIVE,
          parameters=(_PRECISE + "speculativeTTL",)),

@@ -183,6 +183,10 @@ class DiscoveryConfig:
     objective_recheck_interval_s: float = 60.0  # probe again for a missing InferenceObjective CRD
 
 
+# KV cache tiers an engine reports blocks on (vLLM's `medium` GPU, CPU, STORAGE), fastest first.
+KV_TIERS = ("gpu", "cpu", "storage")
+
+
 @dataclass(frozen=True)
 class KVEventsConfig:
     """Precise prefix routing from engine KV-cache events, and its tokenizer (extproc/kvevents/)."""
@@ -195,6 +199,9 @@ class KVEventsConfig:
     block_size: int = 16  # engine tokens per block until vllm:cache_config_info or an event says
     index_capacity: int = 32768  # entries per (endpoint, rank) until num_gpu_blocks is scraped
     max_blocks: int = 2048  # leading blocks of a prompt looked up at most (llm-d's default)
+    # What a block held on each KV cache tier counts for in the precise match (extproc/kvevents/tiers.py):
+    # llm-d's defaults (GPU 1, CPU 0.8; its vLLM storage tier 0.3); weight 0: the tier is not indexed.
+    tier_weights: tuple[tuple[str, float], ...] = (("gpu", 1.0), ("cpu", 0.8), ("storage", 0.3))
     speculative_ttl_s: float = 2.0  # decision-time entries count this long (llm-d's default)
     resync_window_s: float = 5.0  # fresh events needed after a resync before precise scoring resumes
     silence_timeout_s: float = 10.0  # routed to, no message since: uncertain (entries kept)

@@ -3,9 +3,9 @@
 Dual-key structure (llm-d's design, in our own key space, see extproc/kvevents/keys.py):
 - `_holders`: our key -> bitmask of slots holding it (one walk answers every candidate), in
   shards (extproc/prefix/shards.py: no update rebuilds millions of entries at once).
-- A *confirmed* slot per source (endpoint, data-parallel rank): `entries` our key -> engine hash,
-  in LRU order (insertion order; a re-stored block moves to the end), and `engine` engine hash ->
-  our key, which resolves `parent_block_hash` of later `BlockStored` events and `BlockRemoved`.
+- A *confirmed* slot (extproc/kvevents/slots.py) per source (endpoint, data-parallel rank) and
+  KV cache tier: our keys in LRU order and the engine's hashes mapped to them, which resolve
+  `parent_block_hash` of later `BlockStored` events, `BlockRemoved` and placeholders.
 - A *speculative* slot per endpoint: keys predicted at decision time for the chosen endpoint
   (`record_speculative`), each living `speculative_ttl_s` (default 2 s) so back-to-back requests
   with one prefix stick before the engine's events arrive. A `BlockRemoved` drops the key from the
@@ -18,9 +18,21 @@ engine hashes. `AllBlocksCleared` empties the source. KV groups (extproc/kvevent
 full-attention groups' stores are indexable; a source indexes the first such group it sees
 (`group_idx`) and applies removals of that group only (or of no group, from older publishers).
 
-Matching (`match`): for each candidate endpoint, the longest run of leading keys held by any one
-of its slots (max over ranks and the speculative slot). The walk ANDs bitmasks and stops at the
+KV cache tiers (extproc/kvevents/tiers.py): a source's CPU and STORAGE blocks (vLLM's offloading
+connector) live in lower-tier slots of their own, each bounded by `default_capacity` (the engine
+does not report its offload capacity). A lower-tier `BlockStored` with tokens
+(`self_describing_kv_events`) is keyed as on the GPU tier, its parent looked up on any tier of the
+source; a *placeholder* (engine hashes alone) is resolved through the source's tiers: the hash maps
+to the key its GPU (or a lower) tier announced it under, the same tokens and chain (`resolved`;
+unresolved hashes are orphans). Lower tiers count repeated announcements (slots.py). A tier of
+weight 0 is not indexed (its events are skipped).
+
+Matching (`match_tiers`; `match` is its runs): without lower-tier slots among the candidates, for
+each candidate endpoint the longest run of leading keys held by any one of its slots (max over
+ranks and the speculative slot), each block weighing 1. The walk ANDs bitmasks and stops at the
 first key nobody holds; once FEW_TO_WALK (2) or fewer slots are left, each walks its own entries.
+With lower-tier slots, tiers.py's walk: a source's tiers together hold a run, each block weighed
+by the best tier holding it.
 
 Memory: each confirmed slot holds at most its capacity (`set_capacity`, from the engine's
 `num_gpu_blocks` when scraped, else `default_capacity`: `--kv-events-index-capacity`, 32768 by
@@ -37,7 +49,9 @@ from collections.abc import Iterable, Sequence
 
 from extproc.config.settings import KVEventsConfig
 from extproc.kvevents.keys import chain_keys, key_seed
-from extproc.kvevents.wire import Cleared, Event, Removed, Stored
+from extproc.kvevents.slots import Confirmed, Slot, Speculative, evict, hold, release
+from extproc.kvevents.tiers import Group, TierMatch, tier_weights, walk
+from extproc.kvevents.wire import GPU, TIERS, Cleared, Event, Removed, Stored
 from extproc.prefix.generations import leading_in
 from extproc.prefix.shards import SHARD_MASK, clear_bit, new_shards
 
@@ -48,58 +62,37 @@ BYTES_PER_ENTRY = 230  # measured with tracemalloc, CPython 3.11 (tests/kvevents
 FEW_TO_WALK = 2
 
 
-class _Slot:
-    __slots__ = ("alive", "bit", "endpoint")
-
-    def __init__(self, bit: int, endpoint: str) -> None:
-        self.bit = bit
-        self.endpoint = endpoint
-        self.alive = True
-
-
-class _Confirmed(_Slot):
-    __slots__ = ("engine", "entries", "group")
-
-    def __init__(self, bit: int, endpoint: str) -> None:
-        super().__init__(bit, endpoint)
-        self.entries: dict[int, int] = {}  # our key -> engine hash, LRU order
-        self.engine: dict[int, int] = {}  # engine hash -> our key
-        self.group: int | None = None  # the full-attention KV group indexed (the first one stored)
-
-
-class _Speculative(_Slot):
-    __slots__ = ("entries",)
-
-    def __init__(self, bit: int, endpoint: str) -> None:
-        super().__init__(bit, endpoint)
-        self.entries: dict[int, float] = {}  # our key -> expiry (clock seconds)
-
-
 class PreciseIndex:
     def __init__(self, default_capacity: int,
-                 speculative_ttl_s: float = KVEventsConfig().speculative_ttl_s) -> None:
+                 speculative_ttl_s: float = KVEventsConfig().speculative_ttl_s,
+                 weights: Sequence[tuple[str, float]] = KVEventsConfig().tier_weights) -> None:
         if default_capacity <= 0:
             raise ValueError("capacity must be positive")
         self.default_capacity = default_capacity
         self.speculative_ttl_s = speculative_ttl_s
+        self.weights = tier_weights(weights, KVEventsConfig().tier_weights)  # by tier
         self._holders = new_shards()
-        self._confirmed: dict[Source, _Confirmed] = {}
-        self._speculative: dict[str, _Speculative] = {}
-        self._slots_of: dict[str, list[_Slot]] = {}
+        self._confirmed: dict[Source, Confirmed] = {}  # the GPU tier's slots
+        self._lower: dict[tuple[Source, int], Confirmed] = {}  # (source, tier) -> a CPU or STORAGE slot
+        self._lower_bits = 0  # their bits: a match among candidates with none of them is GPU-only
+        self._groups: tuple[int, list[Group]] | None = None  # the last tiered match's (slots mask, groups)
+        self._speculative: dict[str, Speculative] = {}
+        self._slots_of: dict[str, list[Slot]] = {}
         self._owner: dict[int, str] = {}  # bit -> endpoint
         self._free_bits: list[int] = []
         self._next_bit = 0
         self._capacity: dict[str, int] = {}
-        self._queue: deque[tuple[float, _Speculative, Sequence[int]]] = deque()
+        self._queue: deque[tuple[float, Speculative, Sequence[int]]] = deque()
         # The last candidate list `match` saw (and as a set), its slots' mask and bit -> slot (as
         # in extproc/prefix/index.py); a slot made for one of them joins it (each endpoint's first
         # routing makes its speculative slot: a pool's first decisions would each rebuild it),
         # and an endpoint removed drops it.
-        self._candidates: tuple[list[str], frozenset[str], int, dict[int, _Confirmed | _Speculative]] | None = None
+        self._candidates: tuple[list[str], frozenset[str], int, dict[int, Confirmed | Speculative]] | None = None
         self.lora_names: set[str] = set()
         self.last_block_size = 0  # block_size of the latest BlockStored
-        self.entries = 0  # confirmed (slot, key) entries
+        self.entries = 0  # confirmed (slot, key) entries, every tier
         self.stored = self.removed = self.orphaned = self.evicted = self.skipped = self.cleared = 0
+        self.resolved = 0  # placeholder blocks resolved through the source's tiers
 
     # -- slots -------------------------------------------------------------------------------
     def _new_bit(self, endpoint: str) -> int:
@@ -109,24 +102,42 @@ class PreciseIndex:
         self._owner[bit] = endpoint
         return bit
 
-    def _confirmed_slot(self, source: Source) -> _Confirmed:
+    def _confirmed_slot(self, source: Source) -> Confirmed:
         slot = self._confirmed.get(source)
         if slot is None:
-            slot = _Confirmed(self._new_bit(source[0]), source[0])
+            slot = Confirmed(self._new_bit(source[0]), source[0])
             self._confirmed[source] = slot
             self._add_slot(slot)
         return slot
 
-    def _speculative_slot(self, endpoint: str) -> _Speculative:
+    def _lower_slot(self, source: Source, tier: int) -> Confirmed:
+        slot = self._lower.get((source, tier))
+        if slot is None:
+            slot = Confirmed(self._new_bit(source[0]), source[0], source[1], tier)
+            self._lower[(source, tier)] = slot
+            self._lower_bits |= 1 << slot.bit
+            self._add_slot(slot)
+        return slot
+
+    def _tiers_of(self, source: Source) -> list[Confirmed]:
+        """The source's slots, GPU first (those that exist)."""
+        gpu = self._confirmed.get(source)
+        slots = [gpu] if gpu is not None else []
+        if self._lower_bits:
+            slots.extend(s for t in range(1, len(TIERS)) if (s := self._lower.get((source, t))) is not None)
+        return slots
+
+    def _speculative_slot(self, endpoint: str) -> Speculative:
         slot = self._speculative.get(endpoint)
         if slot is None:
-            slot = _Speculative(self._new_bit(endpoint), endpoint)
+            slot = Speculative(self._new_bit(endpoint), endpoint)
             self._speculative[endpoint] = slot
             self._add_slot(slot)
         return slot
 
-    def _add_slot(self, slot: _Confirmed | _Speculative) -> None:
+    def _add_slot(self, slot: Confirmed | Speculative) -> None:
         self._slots_of.setdefault(slot.endpoint, []).append(slot)
+        self._groups = None
         cached = self._candidates
         if cached is not None and slot.endpoint in cached[1]:
             cached[3][slot.bit] = slot
@@ -141,7 +152,7 @@ class PreciseIndex:
             raise ValueError("capacity must be positive")
         self._capacity[endpoint] = capacity
         for slot in self._slots_of.get(endpoint, ()):
-            if isinstance(slot, _Confirmed):
+            if isinstance(slot, Confirmed) and slot.tier == GPU:
                 self._evict(slot, capacity)
 
     def capacity(self, endpoint: str) -> int:
@@ -153,26 +164,32 @@ class PreciseIndex:
         if isinstance(event, Stored):
             return self._stored(source, event)
         if isinstance(event, Removed):
-            return self._removed(source, event) if event.indexable else 0  # GPU tier only
+            if not event.indexable:
+                return 0
+            return self._removed(source, event) if event.tier == GPU else self._removed_lower(source, event)
         if isinstance(event, Cleared):
             self.cleared += 1
             self.clear_source(source)
         return 0
 
     def _stored(self, source: Source, ev: Stored) -> int:
-        if not ev.indexable:
+        if not ev.indexable or not self.weights[ev.tier]:
             self.skipped += len(ev.block_hashes)
             return 0
-        slot = self._confirmed_slot(source)
-        if ev.group is not None and ev.group != slot.group:
-            if slot.group is not None:  # a second full-attention group repeats the first's blocks
+        gpu = self._confirmed_slot(source)
+        if ev.group is not None and ev.group != gpu.group:
+            if gpu.group is not None:  # a second full-attention group repeats the first's blocks
                 self.skipped += len(ev.block_hashes)
                 return 0
-            slot.group = ev.group
+            gpu.group = ev.group
+        slot = gpu if ev.tier == GPU else self._lower_slot(source, ev.tier)
+        if ev.placeholder:
+            return self._hold(slot, self._resolve(source, ev.block_hashes))
         if ev.parent is None:
             parent = key_seed(ev.lora_name)
         else:
-            found = slot.engine.get(ev.parent)
+            found = next((k for s in self._tiers_of(source) if (k := s.engine.get(ev.parent)) is not None), None) \
+                if ev.tier != GPU else gpu.engine.get(ev.parent)
             if found is None:
                 self.orphaned += len(ev.block_hashes)
                 return 0
@@ -185,23 +202,28 @@ class PreciseIndex:
         except ValueError:
             self.skipped += len(ev.block_hashes)
             return 0
-        holders, entries, engine, bit = self._holders, slot.entries, slot.engine, 1 << slot.bit
-        added = 0
-        for engine_hash, key in zip(ev.block_hashes, keys, strict=False):
-            old = entries.pop(key, None)
-            if old is None:
-                shard = holders[key & SHARD_MASK]
-                held = shard.get(key)
-                shard[key] = bit if held is None else held | bit
-                added += 1
-            elif old != engine_hash:
-                engine.pop(old, None)
-            entries[key] = engine_hash
-            engine[engine_hash] = key
+        return self._hold(slot, zip(ev.block_hashes, keys, strict=False))
+
+    def _resolve(self, source: Source, hashes: list[int]) -> list[tuple[int, int]]:
+        """(engine hash, our key) of a placeholder's hashes that some tier of the source announced."""
+        tiers = self._tiers_of(source)
+        pairs = []
+        for h in hashes:
+            key = next((k for s in tiers if (k := s.engine.get(h)) is not None), None)
+            if key is not None:
+                pairs.append((h, key))
+        self.resolved += len(pairs)
+        self.orphaned += len(hashes) - len(pairs)
+        return pairs
+
+    def _hold(self, slot: Confirmed, pairs: Iterable[tuple[int, int]]) -> int:
+        """Enter (engine hash, key) pairs in a confirmed slot (slots.hold), within its capacity."""
+        added = hold(self._holders, slot, pairs)
         self.entries += added
         self.stored += added
-        capacity = self._capacity.get(source[0], self.default_capacity)
-        if len(entries) > capacity:
+        capacity = self.default_capacity if slot.tier != GPU else self._capacity.get(slot.endpoint,
+                                                                                      self.default_capacity)
+        if len(slot.entries) > capacity:
             self._evict(slot, capacity)
         return added
 
@@ -226,46 +248,49 @@ class PreciseIndex:
         self.removed += n
         return n
 
-    def _evict(self, slot: _Confirmed, capacity: int) -> None:
-        excess = len(slot.entries) - capacity
-        if excess <= 0:
-            return
-        victims = []
-        for key in slot.entries:
-            victims.append(key)
-            if len(victims) >= excess:
-                break
-        for key in victims:
-            slot.engine.pop(slot.entries.pop(key), None)
-            self._clear_bit(key, slot.bit)
-        self.entries -= len(victims)
-        self.evicted += len(victims)
+    def _removed_lower(self, source: Source, ev: Removed) -> int:
+        """A CPU or STORAGE removal: one announcement of each hash fewer; gone at the last."""
+        slot = self._lower.get((source, ev.tier))
+        gpu = self._confirmed.get(source)
+        if slot is None or gpu is None or ev.group not in (None, gpu.group if gpu.group is not None else 0):
+            return 0
+        n = release(self._holders, slot, ev.block_hashes)
+        self.entries -= n
+        self.removed += n
+        return n
+
+    def _evict(self, slot: Confirmed, capacity: int) -> None:
+        n = evict(self._holders, slot, capacity)
+        self.entries -= n
+        self.evicted += n
 
     def clear_source(self, source: Source) -> None:
-        """Forget what one source holds (cache reset, engine restart, lost events)."""
-        slot = self._confirmed.get(source)
-        if slot is None:
-            return
-        for key in slot.entries:
-            self._clear_bit(key, slot.bit)
-        self.entries -= len(slot.entries)
-        slot.entries = {}
-        slot.engine = {}
+        """Forget what one source holds, every tier (cache reset, engine restart, lost events)."""
+        for slot in self._tiers_of(source):
+            for key in slot.entries:
+                self._clear_bit(key, slot.bit)
+            self.entries -= len(slot.entries)
+            slot.entries = {}
+            slot.engine = {}
+            slot.refs = {}
 
     def remove_endpoint(self, endpoint: str) -> None:
         """Purge an endpoint that left the pool: all its ranks and its speculative entries."""
-        self._candidates = None
+        self._candidates = self._groups = None
         for slot in self._slots_of.pop(endpoint, ()):
-            keys: Iterable[int] = slot.entries if isinstance(slot, _Confirmed | _Speculative) else ()
+            keys: Iterable[int] = slot.entries if isinstance(slot, Confirmed | Speculative) else ()
             for key in keys:
                 self._clear_bit(key, slot.bit)
-            if isinstance(slot, _Confirmed):
+            if isinstance(slot, Confirmed):
                 self.entries -= len(slot.entries)
             slot.alive = False
             self._owner.pop(slot.bit, None)
             self._free_bits.append(slot.bit)
+            self._lower_bits &= ~(1 << slot.bit)
         for source in [s for s in self._confirmed if s[0] == endpoint]:
             del self._confirmed[source]
+        for lower in [s for s in self._lower if s[0][0] == endpoint]:
+            del self._lower[lower]
         self._speculative.pop(endpoint, None)
         self._capacity.pop(endpoint, None)
 
@@ -312,9 +337,45 @@ class PreciseIndex:
         return bool(self._holders[key & SHARD_MASK].get(key, 0))
 
     def match(self, keys: Sequence[int], candidates: Iterable[str], now: float) -> dict[str, int]:
-        """Leading keys held per candidate (best slot); candidates holding none are omitted."""
+        """Leading keys held per candidate (best slot, or best source over its tiers); candidates
+        holding none are omitted."""
+        return self.match_tiers(keys, candidates, now).runs
+
+    def match_tiers(self, keys: Sequence[int], candidates: Iterable[str], now: float) -> TierMatch:
+        """`match`'s runs, weighed by tier (the module docstring's Matching)."""
         self.expire(now)
         active, by_bit = self._candidate_slots(candidates)
+        if active & self._lower_bits and keys:
+            holders = self._holders
+            return walk(keys, self._tier_groups(active, by_bit),
+                        lambda key: holders[key & SHARD_MASK].get(key, 0))
+        runs = self._match_runs(keys, active, by_bit)
+        return TierMatch(runs, runs, {})
+
+    def _tier_groups(self, active: int, by_bit: dict[int, Confirmed | Speculative]) -> list[Group]:
+        """tiers.py's groups of the candidates' slots: a source's tiers together, a speculative slot
+        alone; kept while the same slots are asked (a slot made or removed drops them)."""
+        kept = self._groups
+        if kept is not None and kept[0] == active:
+            return kept[1]
+        groups: dict[tuple[str, int], Group] = {}
+        out = []
+        for bit, slot in by_bit.items():
+            if isinstance(slot, Speculative):
+                g = Group(slot.endpoint)
+                g.add(bit, self.weights[GPU], GPU)  # a prediction of what the engine holds on GPU
+                out.append(g)
+                continue
+            found = groups.get((slot.endpoint, slot.rank))
+            if found is None:
+                found = groups[(slot.endpoint, slot.rank)] = Group(slot.endpoint)
+                out.append(found)
+            found.add(bit, self.weights[slot.tier], slot.tier)
+        self._groups = (active, out)
+        return out
+
+    def _match_runs(self, keys: Sequence[int], active: int, by_bit: dict[int, Confirmed | Speculative]) \
+            -> dict[str, int]:
         result: dict[str, int] = {}
         if not active or not keys:
             return result
@@ -345,18 +406,18 @@ class PreciseIndex:
             active ^= low
         return result
 
-    def _candidate_slots(self, candidates: Iterable[str]) -> tuple[int, dict[int, _Confirmed | _Speculative]]:
+    def _candidate_slots(self, candidates: Iterable[str]) -> tuple[int, dict[int, Confirmed | Speculative]]:
         """(mask of the candidates' slots, bit -> slot), reused while the list is the same."""
         listed = candidates if isinstance(candidates, list) else list(candidates)
         cached = self._candidates
         if cached is not None and cached[0] == listed:
             return cached[2], cached[3]
         active = 0
-        by_bit: dict[int, _Confirmed | _Speculative] = {}
+        by_bit: dict[int, Confirmed | Speculative] = {}
         slots_of = self._slots_of
         for ep in listed:
             for slot in slots_of.get(ep, ()):
-                if isinstance(slot, _Confirmed | _Speculative):
+                if isinstance(slot, Confirmed | Speculative):
                     active |= 1 << slot.bit
                     by_bit[slot.bit] = slot
         self._candidates = (list(listed), frozenset(listed), active, by_bit)
@@ -372,9 +433,10 @@ class PreciseIndex:
             mask ^= low
 
     # -- introspection -----------------------------------------------------------------------
-    def held(self, endpoint: str) -> int:
-        """Confirmed entries of an endpoint, all ranks together."""
-        return sum(len(s.entries) for s in self._slots_of.get(endpoint, ()) if isinstance(s, _Confirmed))
+    def held(self, endpoint: str, tier: int = GPU) -> int:
+        """Confirmed entries of an endpoint on one tier, all ranks together."""
+        return sum(len(s.entries) for s in self._slots_of.get(endpoint, ())
+                   if isinstance(s, Confirmed) and s.tier == tier)
 
     def speculative(self, endpoint: str) -> int:
         slot = self._speculative.get(endpoint)

@@ -20,7 +20,9 @@ Request path (never waits on a subscriber):
   seen in events. A request with a `cache_salt` gets None (vLLM salts its first block).
 - `lookahead(model, cache_salt)`: the same keys, made while the prompt is tokenized, which stops
   at the first block no endpoint holds (extproc/kvevents/lookahead.py).
-- `match(keys, candidates)` -> (blocks held per endpoint, endpoints whose events are usable).
+- `match(keys, candidates)` -> (leading blocks held per endpoint, endpoints whose events are
+  usable, the blocks weighed by the KV cache tier holding them: extproc/kvevents/tiers.py);
+  `chosen(endpoint)` counts the chosen endpoint's matched blocks by tier (`hits`).
   Usable = every rank heard from its publisher and none uncertain, and not *silent*: requests
   were routed to it `--kv-events-silence-timeout` (10 s) ago and no message came since (an idle
   engine publishes nothing, so plain silence is no evidence). Entries of a silent endpoint are
@@ -47,7 +49,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import zmq.asyncio
 
@@ -58,6 +60,8 @@ from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.keys import KeyChain, chain_keys, key_seed
 from extproc.kvevents.lookahead import HeldPrefix
 from extproc.kvevents.subscriber import Loss, SourceAddress, SourceState, Subscriber, SubscriberStats
+from extproc.kvevents.tiers import TierMatch
+from extproc.kvevents.wire import GPU, TIERS
 
 log = logging.getLogger("prefix_epp.kvevents")
 # The expiry timer drops entries this share of the TTL before it ends (20 ms of the default 2 s):
@@ -107,7 +111,9 @@ class KVEventsManager:
                  clock: Callable[[], float] = time.monotonic, loss: Loss | None = None) -> None:
         self.config = config
         self.datastore = datastore
-        self.index = PreciseIndex(config.index_capacity, config.speculative_ttl_s)
+        self.index = PreciseIndex(config.index_capacity, config.speculative_ttl_s, config.tier_weights)
+        self.hits = [0] * len(TIERS)  # matched blocks of the chosen endpoints, by the tier holding them
+        self._last: TierMatch | None = None  # the last match, for `chosen`
         self.stats = SubscriberStats()
         self.block_size = config.block_size
         self._clock = clock
@@ -287,11 +293,26 @@ class KVEventsManager:
                         until = since + silence
         return frozenset(usable), until
 
-    def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]:
+    def match(self, keys: Sequence[int], candidates: Sequence[str]) \
+            -> tuple[dict[str, int], frozenset[str], Mapping[str, float]]:
         if self._pending:
             self.flush()
         now = self._clock()
-        return self.index.match(keys, candidates, now), self.usable_among(candidates, now)
+        found = self._last = self.index.match_tiers(keys, candidates, now)
+        return found.runs, self.usable_among(candidates, now), found.weighted
+
+    def chosen(self, endpoint: str) -> None:
+        """The decision after the last `match` chose `endpoint`: its matched blocks count as hits of
+        the tiers that held them (speculative entries as GPU)."""
+        found = self._last
+        if found is None:
+            return
+        blocks = found.blocks.get(endpoint)
+        if blocks is None:
+            self.hits[GPU] += found.runs.get(endpoint, 0)
+        else:
+            for tier, n in enumerate(blocks):
+                self.hits[tier] += n
 
     def record_later(self, endpoint: str, keys: Sequence[int]) -> bool:
         """Speculative entries as of now, made by `flush` or the next `match`, whichever comes first

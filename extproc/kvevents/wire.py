@@ -6,8 +6,9 @@ accepted too). Each event is either a tagged array (vLLM's `array_like` structs,
 declaration order, trailing defaults possibly omitted) or a map with a `"type"` key:
 
     BlockStored      block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-                     lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
-    BlockRemoved     block_hashes, medium, group_idx
+                     lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window,
+                     locality
+    BlockRemoved     block_hashes, medium, group_idx, locality
     AllBlocksCleared (no fields)
 
 Hashes: an int (vLLM's default `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`, also negative or beyond
@@ -15,9 +16,18 @@ int64 from old publishers) or raw bytes. Both are normalised to an unsigned 64-b
 masked to 64 bits, bytes give their last 8 bytes big-endian (what vLLM's own int conversion
 keeps), so one engine's hashes compare equal whichever form it sends.
 
+Tiers (`medium`): None or "GPU" is tier 0 (`GPU`), "CPU" tier 1 (`CPU`), "STORAGE" tier 2
+(`STORAGE`), as `Stored.tier` / `Removed.tier`; any other medium is not indexable. vLLM's
+offloading connector stores and evicts blocks on CPU and STORAGE; without its
+`self_describing_kv_events` its `BlockStored` is a *placeholder*: the hash of each offloaded
+chunk's last block, no `token_ids`, `block_size` 0 (`Stored.placeholder`); the precise index
+resolves it through the blocks the engine announced on its GPU tier. A placeholder is accepted on a
+lower tier only (a GPU store without tokens is malformed). An event whose `locality` is "REMOTE"
+(a block in a pool shared with other engines, not this engine's own) is not indexable.
+
 A stored block is `indexable` only when our keys can reproduce it and it is prefix residency: no
-per-block `extra_keys` (multimodal hashes, `cache_salt`, prompt embeddings), the GPU tier (medium
-None or "GPU"; CPU-offload tiers are ignored), and a full-attention KV group. A group's
+per-block `extra_keys` (multimodal hashes, `cache_salt`, prompt embeddings), a known tier, and a
+full-attention KV group. A group's
 `kv_cache_spec_kind` says which it is: `full_attention`, `mla_attention` and
 `sink_full_attention` keep every token of the prefix (`FULL_ATTENTION_KINDS`); `sliding_window`,
 `sliding_window_mla`, `chunked_local_attention`, `mamba` and any other kind keep only a window or
@@ -37,11 +47,17 @@ from typing import Any
 
 import msgpack
 
+from extproc.config.settings import KV_TIERS
+
 MASK64 = (1 << 64) - 1
 _STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                  "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind")
+                  "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+                  "locality")
 FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
-_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "locality")
+GPU, CPU, STORAGE = 0, 1, 2  # tiers, fastest first
+TIERS = KV_TIERS  # their names (settings, metric labels), by tier
+_MEDIUM_TIERS = {"GPU": GPU, "CPU": CPU, "STORAGE": STORAGE}
 
 
 class WireError(ValueError):
@@ -57,6 +73,12 @@ class Stored:
     lora_name: str | None = None
     indexable: bool = True
     group: int | None = None  # group_idx (None: the publisher does not say)
+    tier: int = GPU
+
+    @property
+    def placeholder(self) -> bool:
+        """An offloaded block named by its engine hash alone (no tokens): resolved through the GPU tier."""
+        return not self.token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +86,7 @@ class Removed:
     block_hashes: list[int]
     indexable: bool = True
     group: int | None = None
+    tier: int = GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +129,14 @@ def _fields(event: Any, names: tuple[str, ...]) -> tuple[str, dict[str, Any]] | 
     return None
 
 
-def _gpu(f: dict[str, Any]) -> bool:
+def _tier(f: dict[str, Any]) -> int | None:
+    """The event's tier; None for a medium we do not know, or a block not this engine's own."""
+    if f.get("locality") == "REMOTE":
+        return None
     medium = f.get("medium")
-    return medium is None or (isinstance(medium, str) and medium.upper() == "GPU")
+    if medium is None:
+        return GPU
+    return _MEDIUM_TIERS.get(medium.upper()) if isinstance(medium, str) else None
 
 
 def _group(f: dict[str, Any]) -> int | None:
@@ -134,7 +162,9 @@ def decode_event(event: Any) -> Event | None:
         f = parsed[1]
         tokens = f.get("token_ids")
         block_size = f.get("block_size")
-        if not isinstance(tokens, list) or not isinstance(block_size, int) or block_size <= 0:
+        tier = _tier(f)
+        placeholder = tokens == [] and block_size == 0 and tier not in (GPU, None)
+        if not isinstance(tokens, list) or not isinstance(block_size, int) or (block_size <= 0 and not placeholder):
             raise WireError("BlockStored needs token_ids and a positive block_size")
         parent = f.get("parent_block_hash")
         extra = f.get("extra_keys")
@@ -145,14 +175,17 @@ def decode_event(event: Any) -> Event | None:
             token_ids=tokens,
             block_size=block_size,
             lora_name=lora if isinstance(lora, str) else None,
-            indexable=_gpu(f) and _full_attention(f) and (not extra or all(e is None for e in extra)),
+            indexable=tier is not None and _full_attention(f) and (not extra or all(e is None for e in extra)),
             group=_group(f),
+            tier=GPU if tier is None else tier,
         )
     if kind == "BlockRemoved":
         parsed = _fields(event, _REMOVED_FIELDS)
         assert parsed is not None
         f = parsed[1]
-        return Removed(block_hashes=_hashes(f.get("block_hashes")), indexable=_gpu(f), group=_group(f))
+        tier = _tier(f)
+        return Removed(block_hashes=_hashes(f.get("block_hashes")), indexable=tier is not None, group=_group(f),
+                       tier=GPU if tier is None else tier)
     if kind == "AllBlocksCleared":
         return Cleared()
     return None

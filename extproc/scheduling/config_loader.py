@@ -18,7 +18,8 @@ Plugin types and parameters (every default comes from EppConfig, i.e. from the C
 | prefix-cache-scorer | scorer | blockSizeTokens (x bytes_per_token -> prefix.block_size_bytes), |
 | | | blockSize (bytes, legacy), maxPrefixBlocksToMatch, lruCapacityPerServer, autoTune -> prefix |
 | precise-prefix-cache-scorer | scorer | blockSize (engine tokens), maxPrefixBlocksToMatch, |
-| | | lruCapacityPerServer, speculativeTTL (Go duration) -> kv_events; turns KV events on |
+| | | lruCapacityPerServer, speculativeTTL (Go duration), kvCacheBackendConfigs (llm-d's |
+| | | [{name: gpu/cpu/storage, weight}]) -> kv_events; turns KV events on |
 | queue-scorer, kv-cache-utilization-scorer, lora-affinity-scorer, inflight-load-scorer | scorer | - |
 | predicted-ttft-scorer | scorer | prefillMsPerToken, decodeStepMs, evictionWeight, newPrefixPlacement, |
 | | | affinityCredit, calibrate -> latency |
@@ -50,6 +51,7 @@ from typing import Any
 
 import yaml
 
+from extproc.config.flag_kinds import check_tier_weights
 from extproc.config.flow_control import FEATURE_GATE as FLOW_CONTROL_GATE
 from extproc.config.flow_control import parse_flow_control
 from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
@@ -110,6 +112,20 @@ def _path(v: Any, where: str) -> str:
     return v
 
 
+def _tier_weights(v: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """llm-d's kvCacheBackendConfigs: a list of {name, weight} (names as its lower-cased media)."""
+    if not isinstance(v, list):
+        raise ConfigError(f"{where}: expected a list of {{name, weight}}, got {v!r}")
+    pairs = []
+    for n, item in enumerate(v):
+        entry = mapping(item, f"{where}[{n}]", ("name", "weight"))
+        name, weight = entry.get("name"), entry.get("weight")
+        if not isinstance(name, str) or isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise ConfigError(f"{where}[{n}]: expected a tier name and a numeric weight, got {item!r}")
+        pairs.append((name.lower(), float(weight)))
+    return check_tier_weights(pairs, where)
+
+
 def _set(section: str, name: str) -> Apply:
     def apply(cfg: EppConfig, value: Any) -> EppConfig:
         if not section:
@@ -153,6 +169,7 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
         "maxPrefixBlocksToMatch": Param(_int(1), _set("kv_events", "max_blocks")),
         "lruCapacityPerServer": Param(_int(1), _set("kv_events", "index_capacity")),
         "speculativeTTL": Param(parse_duration, _set("kv_events", "speculative_ttl_s")),
+        "kvCacheBackendConfigs": Param(_tier_weights, _set("kv_events", "tier_weights")),
     },
     "queue-scorer": {},
     "kv-cache-utilization-scorer": {},

@@ -18,7 +18,7 @@ Scorers that keep state about where requests went (predicted-ttft-scorer's backl
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -49,8 +49,11 @@ class SchedulingRequest:
     # Where tokenizing stopped at the first block no endpoint holds (extproc/kvevents/lookahead.py):
     # the whole prompt's blocks, estimated; else 0 (token_keys are all of them).
     token_blocks: int = 0
-    precise_match: dict[str, int] = field(default_factory=dict)
+    precise_match: dict[str, int] = field(default_factory=dict)  # leading blocks held, on any KV cache tier
     precise_usable: frozenset[str] = frozenset()  # endpoints whose KV events are trustworthy now
+    # precise_match weighed by the tier holding each block (extproc/kvevents/tiers.py): what the
+    # scorers count as cached; precise_match itself where every block is on GPU.
+    precise_weighted: Mapping[str, float] = field(default_factory=dict)
     affinity_hash: int | None = None  # None: the request carries no affinity hint
     affinity_match: frozenset[str] = frozenset()  # endpoints that recorded affinity_hash before
     prompt_bytes: int = 0  # the prompt's bytes (its segments), for token estimates
@@ -89,10 +92,14 @@ class Deferred(Protocol):
 
 
 class PreciseSource(Deferred, Protocol):
-    """The precise index as the scheduler sees it (extproc/kvevents/manager.py): its match, and its
-    speculative records made after the answer (`Deferred`)."""
+    """The precise index as the scheduler sees it (extproc/kvevents/manager.py): its match
+    (`precise_match`, `precise_usable`, `precise_weighted`), the endpoint the decision chose after
+    it, and its speculative records made after the answer (`Deferred`)."""
 
-    def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]: ...
+    def match(self, keys: Sequence[int], candidates: Sequence[str]) \
+        -> tuple[dict[str, int], frozenset[str], Mapping[str, float]]: ...
+
+    def chosen(self, endpoint: str, /) -> None: ...
 
 
 class Filter(Protocol):

@@ -64,6 +64,7 @@ class Decision:
     scores: list[tuple[str, float]]  # (scorer name, score of the chosen endpoint)
     total: float
     precise_matched: int | None = None  # blocks the precise index matched on the chosen endpoint
+    precise_weighted: float = 0.0  # those blocks weighed by the KV cache tier holding them
     precise_total: int = 0
     precise_usable: bool = False  # the chosen endpoint's KV events were usable
     block_hashes: Sequence[int] = ()  # recorded in the index for the primary endpoint
@@ -91,7 +92,9 @@ class Decision:
         parts = [f"endpoint={self.primary.key}", f"matched={self.matched_blocks}/{self.total_blocks}"]
         if self.precise_matched is not None:
             usable = "" if self.precise_usable else " (approximate fallback)"
-            parts.append(f"precise={self.precise_matched}/{self.precise_total}{usable}")
+            weighed = "" if self.precise_weighted == self.precise_matched else \
+                f" (tier-weighted {self.precise_weighted:g})"
+            parts.append(f"precise={self.precise_matched}/{self.precise_total}{weighed}{usable}")
         if self.affinity_hit is not None:
             parts.append("affinity=hit" if self.affinity_hit else "affinity=miss")
         parts.extend(f"{name}={score:.3f}" for name, score in self.scores)
@@ -148,7 +151,7 @@ class Scheduler:
         token_keys = request.token_keys or []
         precise = self.precise if token_keys else None
         if precise is not None:
-            request.precise_match, request.precise_usable = precise.match(token_keys, keys)
+            request.precise_match, request.precise_usable, request.precise_weighted = precise.match(token_keys, keys)
         # Where the scorers read the approximate match only as the fallback, endpoints with usable
         # KV events are not asked (the chosen one's match is read after the pick, for the decision).
         approximate_asked = keys
@@ -188,6 +191,7 @@ class Scheduler:
             if affinity is not None:
                 _record_after_answer(index, chosen.key, (affinity,))
         if precise is not None:
+            precise.chosen(chosen.key)
             _record_after_answer(precise, chosen.key, token_keys)
         for observer in self.observers:
             observer.picked(request, chosen)
@@ -198,6 +202,7 @@ class Scheduler:
             scores=[(ws.scorer.name, per_scorer[k][ci]) for k, ws in enumerate(self.scorers)],
             total=totals[ci],
             precise_matched=request.precise_match.get(chosen.key, 0) if precise is not None else None,
+            precise_weighted=request.precise_weighted.get(chosen.key, 0) if precise is not None else 0.0,
             precise_total=request.prompt_token_blocks,
             precise_usable=chosen.key in request.precise_usable,
             block_hashes=request.block_hashes if index is not None else (),

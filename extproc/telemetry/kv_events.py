@@ -6,9 +6,11 @@
 | prefix_epp_kv_events_index_bytes | gauge | - (entries x measured bytes per entry) |
 | prefix_epp_kv_events_block_size | gauge | - (engine tokens per block of the request keys) |
 | prefix_epp_kv_events_endpoint_usable | gauge | endpoint (0: scored by the approximate index) |
+| prefix_epp_kv_events_tier_blocks | gauge | endpoint, tier (gpu, cpu, storage): confirmed blocks, all ranks |
+| prefix_epp_kv_events_tier_hit_blocks_total | counter | tier (the chosen endpoints' matched blocks by tier) |
 | prefix_epp_kv_events_messages_total | counter | - |
 | prefix_epp_kv_events_events_total | counter | type (BlockStored, BlockRemoved, AllBlocksCleared, unknown) |
-| prefix_epp_kv_events_blocks_total | counter | op (stored, removed, orphaned, evicted, skipped) |
+| prefix_epp_kv_events_blocks_total | counter | op (stored, removed, orphaned, evicted, skipped, resolved) |
 | prefix_epp_kv_events_gaps_total, prefix_epp_kv_events_restarts_total | counter | - |
 | prefix_epp_kv_events_replays_total | counter | outcome (recovered, incomplete, failed, oversized) |
 | prefix_epp_kv_events_dropped_messages_total | counter | reason (rate-limited: over an engine's byte budget) |
@@ -24,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extproc.kvevents.manager import KVEventsManager
+from extproc.kvevents.wire import TIERS
 
 
 class KVEventsCollector(Collector):
@@ -46,6 +49,19 @@ class KVEventsCollector(Collector):
         for ep in m.datastore.snapshot():
             usable.add_metric([ep.key], 1 if m.usable(ep.key, now) else 0)
         yield usable
+        tiers = GaugeMetricFamily("prefix_epp_kv_events_tier_blocks",
+                                  "Blocks the endpoint's engine holds per KV cache tier, as its events say",
+                                  labels=["endpoint", "tier"])
+        for ep in m.datastore.snapshot():
+            for tier, name in enumerate(TIERS):
+                tiers.add_metric([ep.key, name], idx.held(ep.key, tier))
+        yield tiers
+        hits = CounterMetricFamily("prefix_epp_kv_events_tier_hit_blocks",
+                                   "Matched blocks of the chosen endpoints, by the KV cache tier holding them",
+                                   labels=["tier"])
+        for tier, name in enumerate(TIERS):
+            hits.add_metric([name], m.hits[tier])
+        yield hits
         yield CounterMetricFamily("prefix_epp_kv_events_messages", "KV-event messages applied", value=st.messages)
         events = CounterMetricFamily("prefix_epp_kv_events_events", "KV events applied", labels=["type"])
         for name, n in st.events.items():
@@ -53,7 +69,7 @@ class KVEventsCollector(Collector):
         yield events
         blocks = CounterMetricFamily("prefix_epp_kv_events_blocks", "Blocks by index operation", labels=["op"])
         for op, n in (("stored", idx.stored), ("removed", idx.removed), ("orphaned", idx.orphaned),
-                      ("evicted", idx.evicted), ("skipped", idx.skipped)):
+                      ("evicted", idx.evicted), ("skipped", idx.skipped), ("resolved", idx.resolved)):
             blocks.add_metric([op], n)
         yield blocks
         yield CounterMetricFamily("prefix_epp_kv_events_gaps", "Sequence gaps detected", value=st.gaps)

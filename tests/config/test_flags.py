@@ -15,7 +15,20 @@ import pytest
 
 from extproc.commands import serve
 from extproc.config import flags
-from extproc.config.flags import BOOL, DURATION, ENDPOINTS, FLAGS, HEADER, INT, LIST, TEXT, Flag, Range, value_at
+from extproc.config.flags import (
+    BOOL,
+    DURATION,
+    ENDPOINTS,
+    FLAGS,
+    HEADER,
+    INT,
+    LIST,
+    TEXT,
+    TIER_WEIGHTS,
+    Flag,
+    Range,
+    value_at,
+)
 from extproc.config.settings import EppConfig
 from extproc.config.validate import PARAMETER_FLAGS, PROFILE_FLAGS, RULES, check
 from extproc.scheduling.config_loader import PLUGIN_PARAMS
@@ -140,7 +153,7 @@ def test_the_config_file_roles_are_as_before() -> None:
         "--balance-factor": "balance.factor", "--balance-slack": "balance.slack",
         "--kv-events-block-size": "kv_events.block_size", "--kv-events-max-blocks": "kv_events.max_blocks",
         "--kv-events-index-capacity": "kv_events.index_capacity",
-        "--kv-events-speculative-ttl": "kv_events.speculative_ttl_s",
+        "--kv-events-speculative-ttl": "kv_events.speculative_ttl_s", "--kv-tier-weights": "kv_events.tier_weights",
         "--prefill-ms-per-token": "latency.prefill_ms_per_token", "--eviction-weight": "latency.eviction_weight",
         "--decode-step-ms": "latency.decode_step_ms",
         "--affinity-credit": "latency.affinity_credit", "--new-prefix-placement": "latency.new_prefix_placement",
@@ -171,6 +184,8 @@ def _sample(flag: Flag) -> tuple[str, Any]:
         return " X-Other-Header ", "x-other-header"
     if kind is TEXT:
         return "some-value", "some-value"
+    if kind is TIER_WEIGHTS:
+        return "CPU=0.5, storage=0", (("cpu", 0.5), ("storage", 0.0))
     return str(default + 0.25), default + 0.25
 
 

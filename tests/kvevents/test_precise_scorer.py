@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+import pytest
+
 from extproc.config.settings import EppConfig, KVEventsConfig, PrefixConfig
+from extproc.config.values import ConfigError
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec
 from extproc.discovery.static import parse_endpoints
 from extproc.kvevents.manager import source_addresses
@@ -29,6 +33,7 @@ def test_usable_endpoints_score_precisely_the_others_approximately() -> None:
     r = SchedulingRequest("r", "m", block_hashes=[1, 2, 3, 4], token_keys=[7, 8, 9, 10, 11])
     r.prefix_match = {a.key: 4, b.key: 2, c.key: 4}
     r.precise_match = {a.key: 0, b.key: 5}
+    r.precise_weighted = r.precise_match
     r.precise_usable = frozenset({a.key, b.key})
     assert PrecisePrefixScorer().score(r, [a, b, c]) == [0.0, 1.0, 1.0]  # c: no usable events -> approximate
     r.token_keys = None  # no tokens (tokenizer failed, cache_salt): approximate everywhere
@@ -44,8 +49,13 @@ class FakePrecise:
         self.usable, self.held = usable, held
         self.recorded: list[tuple[str, list[int]]] = []
 
-    def match(self, keys: Sequence[int], candidates: Sequence[str]) -> tuple[dict[str, int], frozenset[str]]:
-        return {k: v for k, v in self.held.items() if k in candidates}, frozenset(self.usable & set(candidates))
+    def match(self, keys: Sequence[int], candidates: Sequence[str]) \
+            -> tuple[dict[str, int], frozenset[str], dict[str, int]]:
+        held = {k: v for k, v in self.held.items() if k in candidates}
+        return held, frozenset(self.usable & set(candidates)), held
+
+    def chosen(self, endpoint: str) -> None:
+        pass
 
     def record_later(self, endpoint: str, keys: Sequence[int]) -> bool:
         self.recorded.append((endpoint, list(keys)))  # made at once: nothing is pending
@@ -158,3 +168,17 @@ def test_cli_flags_default_to_and_fill_kv_events_config() -> None:
     k = serve.config_from_args(args).kv_events
     assert (k.prefix_scorer, k.replay_port, k.speculative_ttl_s, k.dp_size, k.tokenizer, k.tokenize_timeout_s) == (
         "precise", 5558, 0.25, 2, "remote", 0.05)
+
+
+def test_endpoint_picker_config_takes_llm_ds_tier_weights() -> None:
+    text = HEAD + ("plugins:\n- type: precise-prefix-cache-scorer\n  parameters:\n    kvCacheBackendConfigs:\n"
+                   "    - {name: gpu, weight: 1.0}\n    - {name: CPU, weight: 0.5}\n")
+    cfg, _ = load_text(text, EppConfig())
+    assert cfg.kv_events.tier_weights == (("gpu", 1.0), ("cpu", 0.5))
+    for bad, says in (("[{name: tpu, weight: 1}]", "unknown KV cache tier 'tpu'"),
+                      ("[{name: cpu, weight: 1.5}]", "must be in [0, 1]"),
+                      ("[{name: cpu}]", "a tier name and a numeric weight"),
+                      ("{cpu: 0.8}", "expected a list")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_text(HEAD + f"plugins:\n- type: precise-prefix-cache-scorer\n  parameters:\n"
+                             f"    kvCacheBackendConfigs: {bad}\n", EppConfig())

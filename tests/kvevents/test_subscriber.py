@@ -210,7 +210,7 @@ async def test_silent_publisher_ages_out_but_keeps_its_entries() -> None:
         await publish(0, BlockStored([1, 2, 3, 4], None, tokens, 16))
         await wait_for(lambda: m.index.held(live) == 4)
         # `dead` never heard from, `bad` cannot even connect: both are scored approximately.
-        assert m.match(keys, [live, dead, "127.0.0.1:11"]) == ({live: 4}, frozenset({live}))
+        assert m.match(keys, [live, dead, "127.0.0.1:11"]) == ({live: 4}, frozenset({live}), {live: 4})
         m.record_later(live, keys)  # routed at t=100; the engine should publish soon
         m.flush()
         clock.t = 104.0
@@ -240,7 +240,7 @@ def test_a_speculative_record_made_later_is_seen_by_the_next_match() -> None:
     assert m.record_later("10.0.0.1:8000", [5, 6]) is False  # one flush arranged for both
     assert told == [] and m.index.speculative("10.0.0.1:8000") == 0
     now[0] = 101.5
-    matched, _ = m.match([5, 6, 7], ["10.0.0.1:8000"])
+    matched, _, _ = m.match([5, 6, 7], ["10.0.0.1:8000"])
     assert matched == {"10.0.0.1:8000": 3} and told == ["10.0.0.1:8000"] * 2
     now[0] = 102.1  # the TTL counts from when the records were queued (100.0), not made
     assert m.match([5, 6, 7], ["10.0.0.1:8000"])[0] == {}

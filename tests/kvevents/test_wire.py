@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from extproc.kvevents.wire import Cleared, Removed, Stored, WireError, decode_batch, normalize_hash
+from extproc.kvevents.wire import CPU, GPU, Cleared, Removed, Stored, WireError, decode_batch, normalize_hash
 from prefix_epp_sim.kv_publisher import encode_batch
 from prefix_epp_sim.kvcache import AllBlocksCleared, BlockRemoved, BlockStored
 
@@ -54,8 +54,10 @@ def test_old_and_new_field_sets_and_unindexable_blocks() -> None:
     group1 = {"type": "BlockStored", "block_hashes": [4], "parent_block_hash": None, "token_ids": list(range(16)),
               "block_size": 16, "group_idx": 1, "kv_cache_spec_kind": "sliding_window"}
     unknown = ["SomethingNew", 1, 2]
-    batch = decode_batch(msgpack.packb({"ts": 1.0, "events": [v09, cpu, salted, group1, unknown]}))
-    assert [e.indexable for e in batch.events if isinstance(e, Stored)] == [True, False, False, False]
+    disk = ["BlockStored", [5], None, list(range(16)), 16, None, "DISK"]  # a medium we do not know
+    batch = decode_batch(msgpack.packb({"ts": 1.0, "events": [v09, cpu, salted, group1, disk, unknown]}))
+    assert [e.indexable for e in batch.events if isinstance(e, Stored)] == [True, True, False, False, False]
+    assert [e.tier for e in batch.events if isinstance(e, Stored)][:2] == [GPU, CPU]
     assert batch.unknown == 1 and batch.rank is None
 
 

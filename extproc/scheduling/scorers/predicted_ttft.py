@@ -7,6 +7,12 @@ For each candidate e (extproc/scheduling/latency.py for the model):
    prompt's bytes, in tokens; a match of all max_prefix_blocks looked up counts as the whole
    prompt (what lies beyond is not hashed). A prefix still being computed there counts
    (latency.py). uncached(e) = prompt tokens - cached(e).
+   KV cache tiers: the precise match is weighed by the tier holding each block
+   (`precise_weighted`, extproc/kvevents/tiers.py), so a block e must bring back from CPU memory
+   or storage counts (1 - weight) of a block's prefill as work: 0.2 at the CPU tier's default 0.8.
+   One number, not a transfer model: the copy's cost scales with the blocks moved as a prefill
+   does, and the weight is the share of a recompute it saves (llm-d's weights, which it also
+   reads as load avoided); the engine's own rate calibrates the rest (latency.py).
 2. ttft(e): queued prefill work on e plus uncached(e), at e's prefill rate, plus decode contention,
    or, where e's sequence slots are all taken, the expected wait for one plus uncached(e)'s
    prefill, whichever is larger (latency.py, slots.py).
@@ -139,7 +145,7 @@ class PredictedTtftScorer:
     def _cached(self, request: SchedulingRequest, ep: Endpoint, tokens: float, prompt_bytes: int) -> float:
         keys = request.prompt_token_blocks if request.token_keys else 0
         if self.precise and keys and ep.key in request.precise_usable:
-            return tokens * request.precise_match.get(ep.key, 0) / keys
+            return tokens * request.precise_weighted.get(ep.key, 0) / keys
         matched = request.prefix_match.get(ep.key, 0)
         if matched >= self.max_prefix_blocks and self._whole_match:
             # Hashing stops at max_prefix_blocks: a prompt that agrees that far (a 30k-token
