@@ -201,9 +201,11 @@ def render(data: dict[str, Any]) -> str:
     lines += [
         "", "## Overshoot: the engines' queues with the gate on", "",
         f"Every engine's `/metrics` read every {1000 * setup['watch_interval_s']:.0f} ms (the picker's default "
-        f"scrape interval) throughout each arm: `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`. "
-        f"With the gate (`utilization-detector`), no reading should exceed the detector's queue-depth "
-        f"threshold + 1 = {threshold + 1:g}.", "",
+        f"scrape interval; the picker itself scrapes an engine whose page is slow to render less often, "
+        f"`--scrape-engine-share`) throughout each arm, the next round once the slower read of the last is "
+        f"done: `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`. With the gate "
+        f"(`utilization-detector`), no reading should exceed the detector's queue-depth threshold + 1 = "
+        f"{threshold + 1:g}.", "",
         "| arm | readings (failed) | most waiting, any engine | readings above threshold + 1 | most KV use |",
         "|---|---:|---:|---:|---:|",
     ]
