@@ -112,14 +112,15 @@ def _usage(chunk: dict[str, Any]) -> Any:
 
 
 async def send(session: aiohttp.ClientSession, url: str, payload: dict[str, object],
-               result: RequestResult, time_scale: float) -> str:
-    """Send one streaming request, fill `result`, return the answer text."""
+               result: RequestResult, time_scale: float, headers: Mapping[str, str] | None = None) -> str:
+    """Send one streaming request (with `headers` beside the content type), fill `result`, return
+    the answer text."""
     start = time.perf_counter()
     answer: list[str] = []
     first_choice_s: float | None = None
     try:
         async with session.post(url, data=orjson.dumps(payload),
-                                headers={"content-type": "application/json"}) as resp:
+                                headers={"content-type": "application/json", **(headers or {})}) as resp:
             result.status = resp.status
             result.served_by = resp.headers.get("x-served-by", "")
             result.decision = resp.headers.get(DECISION_HEADER, "")
