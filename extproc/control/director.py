@@ -177,7 +177,9 @@ class Director:
             if not endpoints:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no eligible endpoint for this request")
         if self.rotation is not None:
-            return list(self.rotation.candidates(endpoints))
+            endpoints = list(self.rotation.candidates(endpoints))
+        if ctx.queued_ms is not None and self.flow is not None:  # under flow control: where there is room
+            endpoints = self.flow.with_room(endpoints)
         return endpoints
 
     def new_request_id(self) -> str:
@@ -223,6 +225,7 @@ class Director:
         assert self.flow is not None
         priority = self.priority_of(ctx.objective) if ctx.objective else 0
         request = flow_request(ctx.fairness_id, ctx.request_ttl, priority, size, self.flow.config.max_header_chars)
+        ctx.queued_ms = 0  # under flow control from here: dispatch schedules among endpoints with room
         result, waited = await self.flow.submit(request, dispatch)
         ctx.queued_ms = round(waited * 1000)
         return result

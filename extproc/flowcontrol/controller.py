@@ -16,8 +16,9 @@ the objective's priority is known and before any scheduling (extproc/control/dir
    (its fairness policy picks a flow, the ordering policy its head: extproc/flowcontrol/queues.py);
    a saturated pool stops the cycle, so a lower band never passes a blocked higher one.
    `dispatch()` runs in the dispatcher: it schedules the request on the endpoints of that moment
-   (a held prompt's prefix counts then) and counts it in flight, so the next decision already
-   sees it.
+   below their own saturation (`with_room`; a held prompt's prefix counts then) and counts it in
+   flight, so the next decision already sees it. Requests that take the fast path of 2. are
+   scheduled among the endpoints with room too.
 4. The wait ends at its deadline: the TTL (the band's or flowControl's defaultRequestTTL,
    shortened, never lengthened, by a valid `x-llm-d-inference-ttl`) while the pool has endpoints
    -> 429 `rejected-ttl-expired`; noEndpointRequestTTL while it has none -> 503
@@ -33,15 +34,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from extproc.config.flow_control import FlowControlConfig, go_duration
-from extproc.core.datastore import Datastore
+from extproc.core.datastore import Datastore, Endpoint
 from extproc.core.errors import EppError, ErrorCode
 from extproc.flowcontrol import outcomes as O
-from extproc.flowcontrol.detectors import Detector
+from extproc.flowcontrol.detectors import Detector, with_room
 from extproc.flowcontrol.queues import Band, Held
 
 T = TypeVar("T")
@@ -230,6 +231,10 @@ class FlowController:
 
     def saturation(self) -> float:
         return self.detector.saturation(self._datastore.snapshot())
+
+    def with_room(self, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        """The candidates a request under flow control is scheduled among (detectors.py `with_room`)."""
+        return with_room(self.detector, endpoints)
 
     async def close(self) -> None:
         """Stop dispatching; every held request gets 503 `rejected-shutting-down`."""

@@ -14,6 +14,12 @@ usage limit); a pool without endpoints is saturated (fail closed).
   it needs no credit; an engine's own queue is invisible to it.
 
 Either costs one pass over the endpoints per dispatch decision.
+
+Per endpoint (`with_room`): a request under flow control is scheduled only among the endpoints
+below their own saturation (utilization: s(e) < 1; concurrency: in flight < maxConcurrency), all
+of them if none is. The gate is the pool's average, so without this a scheduler that weighs cache
+affinity above load could pile one engine past its threshold while another had room; with it each
+engine stays within its threshold plus the one request that crosses it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ class Detector(Protocol):
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
 
+    def has_room(self, endpoint: Endpoint) -> bool: ...
+
+
+def with_room(detector: Detector, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+    """The endpoints below their own saturation; all of them when none is."""
+    room = [ep for ep in endpoints if detector.has_room(ep)]
+    return room or list(endpoints)
+
 
 class ConcurrencyDetector:
     name = CONCURRENCY
@@ -45,6 +59,9 @@ class ConcurrencyDetector:
         if not endpoints:
             return 1.0
         return sum(ep.inflight for ep in endpoints) / (len(endpoints) * self.max_concurrency)
+
+    def has_room(self, endpoint: Endpoint) -> bool:
+        return endpoint.inflight < self.max_concurrency
 
 
 def make_detector(config: FlowControlConfig, saturation: SaturationConfig) -> Detector:

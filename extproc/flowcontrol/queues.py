@@ -9,9 +9,14 @@ Within a band:
 - the fairness policy picks a flow:
   - `global-strict-fairness-policy` (the default): the flow whose head arrived first, i.e. one
     queue in arrival order across all tenants, no isolation (the band keeps that order itself);
-  - `round-robin-fairness-policy`: the active flows take turns, one dispatch each, in the order
-    they became active; a flow that empties leaves the rotation and rejoins at its end. The unit
-    of fairness is a dispatch, not a token;
+  - `round-robin-fairness-policy`: the active flows take turns, one dispatch each. A flow that
+    becomes active (it held nothing before) takes the next turn, ahead of the flows already in
+    the rotation (newcomers among themselves in the order they came), then joins the rotation's
+    end; a flow that empties leaves the rotation. A tenant idle until now had no share of the
+    turns taken meanwhile, so it is served at once rather than after every busy flow has gone
+    once more: a light tenant beside a flood waits for one free slot, not two. A flow that stays
+    busy gains nothing by it, since it becomes a newcomer only after emptying. The unit of
+    fairness is a dispatch, not a token;
 - the ordering policy picks the request within the flow: `fcfs-ordering-policy`, the oldest.
 
 Memory: a flow or band exists only while it holds requests (the controller drops an empty band),
@@ -73,13 +78,17 @@ class GlobalStrict:
 
 
 class RoundRobin:
-    """The active flows in turn: the first of the rotation goes, then moves to its end."""
+    """The active flows in turn: a newcomer first, else the first of the rotation, which then moves to its end."""
 
     name = ROUND_ROBIN
 
     def pick(self, band: Band) -> FlowQueue:
-        fid = next(iter(band.rotation))
-        band.rotation.move_to_end(fid)
+        if band.newcomers:
+            fid, _ = band.newcomers.popitem(last=False)
+            band.rotation[fid] = None  # served: at the rotation's end from now on
+        else:
+            fid = next(iter(band.rotation))
+            band.rotation.move_to_end(fid)
         return band.flows[fid]
 
 
@@ -97,7 +106,7 @@ ORDERING: dict[str, Callable[[], OrderingPolicy]] = {FCFS: Fcfs}
 class Band:
     """The flows of one priority; counts and limits its requests and bytes."""
 
-    __slots__ = ("bytes", "config", "count", "fairness", "flows", "order", "ordering", "rotation")
+    __slots__ = ("bytes", "config", "count", "fairness", "flows", "newcomers", "order", "ordering", "rotation")
 
     def __init__(self, config: BandConfig) -> None:
         self.config = config
@@ -105,7 +114,8 @@ class Band:
         self.ordering = ORDERING[config.ordering]()
         self.flows: dict[str, FlowQueue] = {}
         self.order: OrderedDict[int, Held] = OrderedDict()  # every request of the band, by arrival
-        self.rotation: OrderedDict[str, None] = OrderedDict()  # active flows, next turn first
+        self.rotation: OrderedDict[str, None] = OrderedDict()  # active flows served before, next turn first
+        self.newcomers: OrderedDict[str, None] = OrderedDict()  # active flows not served yet, by arrival
         self.count = 0
         self.bytes = 0
 
@@ -117,7 +127,7 @@ class Band:
         flow = self.flows.get(held.fairness_id)
         if flow is None:
             flow = self.flows[held.fairness_id] = FlowQueue(held.fairness_id)
-            self.rotation[held.fairness_id] = None
+            self.newcomers[held.fairness_id] = None
         flow.items[held.seq] = held
         flow.bytes += held.size
         self.order[held.seq] = held
@@ -135,7 +145,10 @@ class Band:
         self.bytes -= held.size
         if not flow.items:
             del self.flows[held.fairness_id]
-            del self.rotation[held.fairness_id]
+            if held.fairness_id in self.rotation:
+                del self.rotation[held.fairness_id]
+            else:
+                del self.newcomers[held.fairness_id]
         return True
 
     def next(self) -> Held:

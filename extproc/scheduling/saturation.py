@@ -51,6 +51,10 @@ class UtilizationDetector:
             return 1.0
         return max(queue_depth(ep, m) / c.queue_depth_threshold, m.kv_usage / c.kv_cache_util_threshold)
 
+    def has_room(self, endpoint: Endpoint) -> bool:
+        """Below its own saturation (flow control's dispatch: extproc/flowcontrol/detectors.py)."""
+        return self.endpoint_saturation(endpoint, self._clock()) < 1.0
+
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         if not endpoints:
             return 1.0

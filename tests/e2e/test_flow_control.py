@@ -187,3 +187,22 @@ async def test_an_empty_pool_holds_requests_until_an_endpoint_comes_then_answers
     finally:
         await asyncio.to_thread(picker.stop)
         api.close()
+
+
+# A profile that weighs nothing but the prompt's prefix sends one prompt to one engine however
+# loaded; under flow control the scheduler chooses only among the engines below the detector's
+# limit, so each engine still gets no more than its 2.
+PREFIX_ONLY = CONFIG.replace("- type: inflight-load-scorer\n", "- type: prefix-cache-scorer\n").replace(
+    "plugins: [{pluginRef: inflight-load-scorer}]", "plugins: [{pluginRef: prefix-cache-scorer}]")
+
+
+async def test_dispatch_goes_only_to_endpoints_below_their_own_limit(tmp_path: Path) -> None:
+    async with flow_stack(tmp_path, PREFIX_ONLY) as (picker, url, ports), aiohttp.ClientSession() as s:
+        first = await post(s, url, 1)  # the prompt is now recorded on one engine
+        assert first[0] == 200
+        calls = [asyncio.create_task(post(s, url, 400)) for _ in range(4)]
+        m = await until(picker, lambda m: outcome(m, "Dispatched") == 5)
+        per_engine = [value(m, "prefix_epp_inflight_requests", endpoint=f"127.0.0.1:{p}") for p in ports]
+        assert sorted(per_engine) == [2, 2], per_engine  # the prefix's engine took 2, the other the rest
+        assert max([await asyncio.to_thread(engine_load, p) for p in ports]) <= 2  # the engines run in this loop
+        assert [status for status, _, _ in await asyncio.gather(*calls)] == [200] * 4

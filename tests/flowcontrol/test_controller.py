@@ -164,7 +164,24 @@ async def test_round_robin_lets_a_light_tenant_pass_a_heavy_one_s_backlog() -> N
     pool.hold(fc, req("light"), "light")
     await until(lambda: fc.count == 18)
     await one_by_one(pool, 2)
-    assert pool.order[-2:] == ["heavy3", "light"]
+    assert pool.order[-2:] == ["light", "heavy3"]  # a tenant that was idle takes the next turn
+
+
+async def test_round_robin_newcomers_go_in_their_order_and_a_busy_flow_gains_nothing() -> None:
+    pool = Pool(1)
+    fc = controller(pool, default_band=BandConfig(fairness=ROUND_ROBIN))
+    await fc.submit(req(), pool.route("busy"))
+    for name in ("a1", "a2", "a3", "a4"):
+        pool.hold(fc, req("a"), name)
+    await until(lambda: fc.count == 4)
+    await one_by_one(pool, 1)  # a1: a's first turn
+    for name in ("b1", "c1", "b2"):
+        pool.hold(fc, req(name[0]), name)
+    await until(lambda: fc.count == 6)
+    await one_by_one(pool, 6)
+    # b and c came after a was served: each goes once before a again, in the order they came;
+    # then the rotation runs as usual (b still held a request, so it is no newcomer any more).
+    assert pool.order[1:] == ["a1", "b1", "c1", "a2", "b2", "a3", "a4"]
 
 
 @pytest.mark.parametrize(("kw", "size", "where"), [
