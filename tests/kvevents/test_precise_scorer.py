@@ -8,7 +8,7 @@ from dataclasses import replace
 from extproc.config.settings import EppConfig, KVEventsConfig, PrefixConfig
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec
 from extproc.discovery.static import parse_endpoints
-from extproc.kvevents.manager import source_addresses
+from extproc.kvevents.ranks import source_addresses
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler, default_profile
 from extproc.scheduling.config_loader import load_text
