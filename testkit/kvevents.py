@@ -13,7 +13,8 @@
 - `heard_from(manager, endpoints, now)`: each endpoint's event stream counted as connected and in
   order without ZeroMQ (in-process decisions): the manager's own usability check then passes.
 - `RawPublisher`: a bare XPUB socket (it sees each subscription arrive) for publishers that
-  misbehave: any frames, any sequence; `stored_batch` is one BlockStored batch of chosen size.
+  misbehave: any frames, any sequence; `stored_batch` is one BlockStored batch of chosen size and
+  data-parallel rank (`stored_tokens`: its prompt).
 - Recorded KV cache tier streams (`vllm_batch` of `vllm_stored`, `vllm_placeholder`,
   `vllm_removed`): the bytes vLLM's msgspec encoder writes for its KVEventBatch (an array) of
   tagged event structs (maps, the tag first, fields in declaration order, defaults omitted), on
@@ -142,21 +143,29 @@ def kv_event_batches(batches: int, blocks: int = 64, block_size: int = 16, seed:
     return payloads
 
 
-def stored_batch(first_hash: int, blocks: int, block_size: int = 16, parent: int | None = None) -> bytes:
-    """One EventBatch storing `blocks` chained blocks, hashes first_hash, first_hash + 1, ..."""
-    tokens = [(first_hash * 7 + i) % 100_000 for i in range(blocks * block_size)]
+def stored_tokens(first_hash: int, blocks: int, block_size: int = 16) -> list[int]:
+    """The prompt tokens `stored_batch(first_hash, blocks, block_size)` stores."""
+    return [(first_hash * 7 + i) % 100_000 for i in range(blocks * block_size)]
+
+
+def stored_batch(first_hash: int, blocks: int, block_size: int = 16, parent: int | None = None,
+                 rank: int | None = 0) -> bytes:
+    """One EventBatch storing `blocks` chained blocks, hashes first_hash, first_hash + 1, ...,
+    tagged with `data_parallel_rank` `rank`."""
+    tokens = stored_tokens(first_hash, blocks, block_size)
     hashes = list(range(first_hash, first_hash + blocks))
-    return encode_batch([BlockStored(hashes, parent, tokens, block_size)], "array", 0.0)
+    return encode_batch([BlockStored(hashes, parent, tokens, block_size)], "array", 0.0, data_parallel_rank=rank)
 
 
 class RawPublisher:
-    """A bare XPUB socket on 127.0.0.1 that publishes whatever a test tells it to."""
+    """A bare XPUB socket on 127.0.0.1 (a free port, or `endpoint`) that publishes whatever a test
+    tells it to."""
 
-    def __init__(self, ctx: zmq.asyncio.Context) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str = "tcp://127.0.0.1:*") -> None:
         self.sock = ctx.socket(zmq.XPUB)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)  # keep everything for a slow subscriber: nothing lost here
-        self.sock.bind("tcp://127.0.0.1:*")
+        self.sock.bind(endpoint)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     async def subscribed(self, timeout: float = 15.0) -> None:

@@ -24,6 +24,10 @@ benchmark needs it:
 spawns inherits: the benchmark runs its engines below the routers' priority, so a router's
 exchange does not wait for a core an engine holds. `Engine.extra_args` go after the rig's flags
 (a benchmark workload's `--max-num-seqs`; `restart` picks up a change).
+`engines(..., dp_size=N)` starts each engine with `--data-parallel-size N` and one API server (vLLM's
+internal balancer: one HTTP port, N engine processes, one core each; the header `X-data-parallel-rank: r`
+pins a request to rank r), whose rank r publishes on `events_port + r` and replays on
+`replay_port + r`; `rank_ports` gives each rank a port of its own, as a pool's targetPorts list them.
 """
 
 from __future__ import annotations
@@ -31,13 +35,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
 
 from extproc.scraping.prom_text import samples
 from testkit.procs import Proc, consecutive_free_ports, free_ports
@@ -48,6 +58,10 @@ KV_CACHE_BYTES = 16 * 1024 * 1024
 NUM_BLOCKS = 512  # what vLLM makes of KV_CACHE_BYTES for the tiny model (2 layers, 2 KV heads of 64, bf16)
 MAX_MODEL_LEN = 8192
 START_TIMEOUT_S = 240.0
+# Per connection, not forwarded by a proxy (RFC 9110 7.6.1), and the body's length and encoding,
+# which aiohttp sets again for the body it sends.
+HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host",
+                         "content-encoding", "upgrade", "te", "trailer", "proxy-connection"})
 
 
 @dataclass
@@ -66,6 +80,8 @@ class Engine:
     starts: int = field(default=0)
     nice: int = 0  # the process's niceness (module docstring); 0: the caller's
     extra_args: tuple[str, ...] = ()  # `vllm serve` flags after the rig's
+    dp_size: int = 1  # --data-parallel-size (module docstring)
+    short_tmp: Path | None = None  # TMPDIR with data-parallel ranks (`environ`), removed by `stop`
 
     @property
     def url(self) -> str:
@@ -98,16 +114,30 @@ class Engine:
                 "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
                 "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--enable-prompt-tokens-details",
                 "--kv-events-config", json.dumps(events), "--disable-uvicorn-access-log",
-                "--enable-scale-out"]  # the render endpoints (/v1/*/render): the tokens the engine executes
+                "--enable-scale-out",  # the render endpoints (/v1/*/render): the tokens the engine executes
+                # One API server, not one per rank (vLLM's default): with several, vLLM's /metrics is
+                # prometheus_client's multiprocess collection, which renders nothing for the
+                # picker's `?name[]=` filtered scrape.
+                *(["--data-parallel-size", str(self.dp_size), "--api-server-count", "1"] if self.dp_size > 1 else [])]
 
     def environ(self) -> dict[str, str]:
         tmp, cache = self.workdir / "tmp", self.workdir / "cache"
+        if self.dp_size > 1:
+            # Its engine processes talk over IPC sockets in TMPDIR, whose paths must fit AF_UNIX's
+            # 108 bytes: a test's own directory does not.
+            self.short_tmp = self.short_tmp or Path(tempfile.mkdtemp(prefix="vllm-dp-"))
+            tmp = self.short_tmp
         tmp.mkdir(parents=True, exist_ok=True)
         cache.mkdir(parents=True, exist_ok=True)
         return {"TMPDIR": str(tmp), "VLLM_CACHE_ROOT": str(cache), "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                "VLLM_CPU_OMP_THREADS_BIND": str(self.core), "VLLM_SERVER_DEV_MODE": "1",
+                "VLLM_CPU_OMP_THREADS_BIND": self.cores(), "VLLM_SERVER_DEV_MODE": "1",
                 "HOME": str(self.workdir)}
+
+    def cores(self) -> str:
+        """VLLM_CPU_OMP_THREADS_BIND: a core per rank ("0|1"), round robin from `core`."""
+        n = os.cpu_count() or 1
+        return "|".join(str((self.core + r) % n) for r in range(self.dp_size))
 
     def command(self) -> list[str]:
         """What `launch` runs: `args` and `extra_args`, under `nice -n` when `nice` is set."""
@@ -135,6 +165,9 @@ class Engine:
         if self.proc is not None:
             self.proc.stop(timeout=20.0)
             self.proc = None
+        if self.short_tmp is not None:
+            shutil.rmtree(self.short_tmp, ignore_errors=True)
+            self.short_tmp = None
 
     def restart(self) -> None:
         """A new engine process on the same addresses: an empty cache and a new event sequence."""
@@ -172,23 +205,27 @@ def metric_total(exposition: bytes, name: str) -> float:
 
 @contextlib.contextmanager
 def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: int = 0,
-            extra_args: tuple[str, ...] = ()) -> Iterator[list[Engine]]:
+            extra_args: tuple[str, ...] = (), dp_size: int = 1) -> Iterator[list[Engine]]:
     """n engines started side by side, healthy on entry, stopped on exit, serving the model as
     `served_model_name` (the tests' MODEL_NAME; the benchmark's requests name another), at
-    niceness `nice` (module docstring), each with `extra_args` (`Engine.extra_args`)."""
+    niceness `nice` (module docstring), each with `extra_args` (`Engine.extra_args`) and
+    `dp_size` data-parallel ranks."""
     env = ensure()
     cores = os.cpu_count() or 1
     out = []
-    # KV-event and replay ports consecutive across the engines: a subscriber that dials one base
-    # port plus each engine's rank (llm-d's precise-prefix producer) reaches every engine.
-    events_base = consecutive_free_ports(2 * n)
-    http_ports = [p for p in free_ports(3 * n) if not events_base <= p < events_base + 2 * n][:n]
+    # KV-event and replay ports consecutive across the engines and their ranks: a subscriber that
+    # dials one base port plus each engine's rank (llm-d's precise-prefix producer) reaches every
+    # engine, and no rank's publisher lands on a replay port.
+    ranks = n * dp_size
+    events_base = consecutive_free_ports(2 * ranks)
+    http_ports = [p for p in free_ports(3 * n + 2 * ranks) if not events_base <= p < events_base + 2 * ranks][:n]
     for i in range(n):
-        port, events, replay = http_ports[i], events_base + i, events_base + n + i
+        port, events, replay = http_ports[i], events_base + i * dp_size, events_base + ranks + i * dp_size
         workdir = tmp / f"vllm{i}"
         workdir.mkdir(parents=True, exist_ok=True)
-        out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i % cores,
-                          served_model_name=served_model_name, nice=nice, extra_args=extra_args))
+        out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i * dp_size % cores,
+                          served_model_name=served_model_name, nice=nice, extra_args=extra_args,
+                          dp_size=dp_size))
     try:
         for engine in out:
             engine.launch()
@@ -198,3 +235,36 @@ def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: in
     finally:
         for engine in out:
             engine.stop()
+
+
+@contextlib.asynccontextmanager
+async def rank_ports(engine: Engine, ports: list[int]) -> AsyncIterator[None]:
+    """HTTP on `engine.address`:ports[r] forwarded to the engine with `X-data-parallel-rank: r`:
+    each rank of a `--data-parallel-size` engine reachable on a port of its own, as llm-d's
+    sidecar gives each rank one (its proxies on the base port + r); served on the running loop."""
+    async def forward(request: web.Request) -> web.Response:
+        rank = request.app["rank"]
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        headers["X-data-parallel-rank"] = str(rank)
+        url = URL(f"{engine.url}{request.raw_path}", encoded=True)  # the query as sent (the scraper's name[]=)
+        async with session.request(request.method, url, headers=headers, data=await request.read()) as reply:
+            body = await reply.read()
+            return web.Response(status=reply.status, body=body,
+                                headers={k: v for k, v in reply.headers.items() if k.lower() not in HOP_HEADERS})
+
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
+    runners = []
+    try:
+        for rank, port in enumerate(ports):
+            app = web.Application()
+            app["rank"] = rank
+            app.router.add_route("*", "/{tail:.*}", forward)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, engine.address, port).start()
+        yield
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        await session.close()

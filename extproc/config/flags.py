@@ -216,11 +216,14 @@ FLAGS: tuple[Flag, ...] = (
          "subscribe to KV events and compare both scorers' predictions even when the approximate scorer routes "
          "(only the sampled requests, --usage-sample-rate, are tokenized for it)"),
     Flag("--kv-events-port", "kv_events.port", INT, KV_EVENTS, "engine KV-events publisher port on the endpoint's "
-         "host (per endpoint: host:port@tcp://h:p)", PORT),
+         "host, of rank 0: rank r (a pool's r-th target port) publishes on port + r (per endpoint: "
+         "host:port@tcp://h:p)", PORT),
     Flag("--kv-events-replay-port", "kv_events.replay_port", INT, KV_EVENTS,
-         "engine replay (ROUTER) port on the same host; 0: no replay, resync instead", PORT_OR_OFF),
+         "engine replay (ROUTER) port on the same host, of rank 0 (rank r: + r; at least the ranks' count "
+         "from --kv-events-port); 0: no replay, resync instead", PORT_OR_OFF),
     Flag("--kv-events-dp-size", "kv_events.dp_size", INT, KV_EVENTS,
-         "data-parallel ranks per endpoint; rank r publishes on port + r", AT_LEAST_1),
+         "data-parallel ranks behind each endpoint's port (vLLM's internal balancer); the r-th target "
+         "port holds ranks r*N .. r*N + N - 1", AT_LEAST_1),
     Flag("--kv-events-block-size", "kv_events.block_size", INT, KV_EVENTS,
          "engine tokens per block until vllm:cache_config_info or an event reports it", AT_LEAST_1,
          parameters=(_PRECISE + "blockSize",)),

@@ -193,9 +193,11 @@ class KVEventsConfig:
 
     prefix_scorer: str = "approximate"  # --prefix-scorer: approximate | precise (implies enabled)
     enabled: bool = False  # --kv-events: subscribe even while the approximate scorer routes (closed loop)
-    port: int = 5557  # vLLM's default publisher port, on the endpoint's host
-    replay_port: int = 0  # vLLM's replay ROUTER port on the same host; 0: no replay
-    dp_size: int = 1  # data-parallel ranks per endpoint; rank r publishes on port + r
+    port: int = 5557  # vLLM's default publisher port, on the endpoint's host; rank r publishes on port + r
+    # vLLM's replay ROUTER port on the same host (rank r: + r); 0: no replay, so no port of it can
+    # be a rank's publisher port (5558 would be rank 1's beside 5557: extproc/kvevents/ranks.py)
+    replay_port: int = 0
+    dp_size: int = 1  # data-parallel ranks behind each endpoint's port (extproc/kvevents/ranks.py)
     block_size: int = 16  # engine tokens per block until vllm:cache_config_info or an event says
     index_capacity: int = 32768  # entries per (endpoint, rank) until num_gpu_blocks is scraped
     max_blocks: int = 2048  # leading blocks of a prompt looked up at most (llm-d's default)

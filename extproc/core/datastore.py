@@ -40,6 +40,10 @@ class EndpointSpec:
     namespace: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     kv_events_endpoint: str = ""
+    # Data-parallel rank: the position of its port in the InferencePool's targetPorts (GIE names
+    # the endpoint `<pod>-rank-<i>`); its engine publishes KV events on the pod's base port + rank
+    # (extproc/kvevents/manager.py). 0 for static endpoints.
+    rank: int = 0
 
     @property
     def key(self) -> str:

@@ -13,18 +13,22 @@ and the ports must be 1..65535, unique, at most 8; anything else is a `PoolError
 A pod yields endpoints when all hold (the Go EPP's `IsPodReady` plus its label match):
 its labels match the selector, condition `Ready` is `True`, it has no `deletionTimestamp` and it
 has a `status.podIP`. Each target port at index i is one endpoint `<podIP>:<port>` named
-`<pod>-rank-<i>`. The annotation `llm-d.ai/active-ports` or, failing that,
-`inference.networking.k8s.io/active-ports` ("8000,8002") keeps only the listed ports; when the
+`<pod>-rank-<i>`, of data-parallel rank i (`EndpointSpec.rank`: GIE's naming, and llm-d's router
+dials that rank's KV-event port as the base port + i), so the ports are listed in rank order. The
+annotation `llm-d.ai/active-ports` or, failing that, `inference.networking.k8s.io/active-ports`
+("8000,8002") keeps only the listed ports (an endpoint keeps its index as its rank); when the
 annotation is present but lists none of the target ports the pod has no endpoint (as in GIE).
 A `status.podIP` that is not an IP address gives no endpoint.
 
 KV events (`prefix-epp.io/kv-events-endpoint`, `kv_events_address`): the pod only chooses ports
 on its own address, as a pod template cannot know its IP anyway. Each side of `events[@replay]`
 is `PORT`, `tcp://*:PORT` (vLLM's own notation) or `tcp://<pod IP>:PORT`, and resolves to
-`tcp://<pod IP>:PORT`. An annotation naming any other host (a name, another IP) is refused: the
-endpoint keeps the default address (`tcp://<pod IP>:--kv-events-port`), and discovery logs it
-and counts it (`prefix_epp_discovery_refused_annotations_total`), so a pod cannot make the picker
-connect elsewhere.
+`tcp://<pod IP>:PORT`, the pod's rank-0 publisher: the endpoint of rank i subscribes to PORT + i
+(extproc/kvevents/manager.py), as vLLM offsets each rank's ports. An annotation naming any other
+host (a name, another IP) is refused: the endpoint keeps the default address
+(`tcp://<pod IP>:--kv-events-port` + rank), and discovery logs it and counts it
+(`prefix_epp_discovery_refused_annotations_total`), so a pod cannot make the picker connect
+elsewhere.
 
 InferenceObjective (either API group, extproc/discovery/objectives.py): `spec.priority`
 (absent -> 0) for objectives whose `spec.poolRef.name` is our pool.
@@ -213,7 +217,7 @@ def pod_endpoints(pod: PodInfo, pool: PoolSpec) -> list[EndpointSpec]:
             continue
         out.append(EndpointSpec(address=pod.ip, port=port, name=f"{pod.name}-rank-{rank}",
                                 namespace=pod.namespace, labels=pod.labels,
-                                kv_events_endpoint=pod.kv_events_endpoint))
+                                kv_events_endpoint=pod.kv_events_endpoint, rank=rank))
     return out
 
 

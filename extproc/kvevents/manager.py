@@ -1,16 +1,10 @@
 """KV-event subscriptions that follow the datastore, and the precise view the scheduler reads.
 
 Subscriptions: the datastore's on_added/on_removed listeners start and stop one `Subscriber` task
-per (endpoint, data-parallel rank) while `run()` is active. Addresses:
-- events: `EndpointSpec.kv_events_endpoint` when set (Kubernetes: annotation
-  `prefix-epp.io/kv-events-endpoint`; static: `host:port@tcp://h:p`), else
-  `tcp://<endpoint host>:<--kv-events-port>` (5557, vLLM's default);
-- replay: a second `@tcp://h:p` in that field, else `tcp://<events host>:<--kv-events-replay-port>`
-  when that flag is > 0 (0, the default: no replay);
-- data parallelism (`--kv-events-dp-size`, default 1): rank r publishes on the events port + r (and
-  replays on the replay port + r), as vLLM offsets its ports. Entries are kept per (endpoint,
-  rank); an endpoint's match is its best rank (vLLM's own DP balancer may still pick another
-  rank). With one rank the rank is 0 and plays no role.
+per (endpoint, data-parallel rank) while `run()` is active, at the addresses of
+extproc/kvevents/ranks.py (`--kv-events-port` 5557 + the rank, or the endpoint's own; replay
+likewise when asked for). Entries are kept per (endpoint, rank); an endpoint's match is its best
+rank.
 A changed `kv_events_endpoint` on an existing endpoint takes effect when it is re-added.
 
 Request path (never waits on a subscriber):
@@ -59,7 +53,8 @@ from extproc.core.datastore import Datastore, Endpoint
 from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.keys import KeyChain, chain_keys, key_seed
 from extproc.kvevents.lookahead import HeldPrefix
-from extproc.kvevents.subscriber import Loss, SourceAddress, SourceState, Subscriber, SubscriberStats
+from extproc.kvevents.ranks import RankOwners, source_addresses
+from extproc.kvevents.subscriber import Loss, SourceState, Subscriber, SubscriberStats
 from extproc.kvevents.tiers import TierMatch
 from extproc.kvevents.wire import GPU, TIERS
 
@@ -68,42 +63,6 @@ log = logging.getLogger("prefix_epp.kvevents")
 # on time, the drop would race the decisions arriving just after (each then pays for it, a
 # decision's tail at 256 endpoints: docs/scale.md), and records coming due together go in one call.
 EXPIRY_EARLY_SHARE = 0.01
-
-
-def _tcp(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
-def _split_tcp(address: str) -> tuple[str, int] | None:
-    """(host, port) of tcp://host:port or tcp://[v6]:port; None for anything else."""
-    if not address.startswith("tcp://"):
-        return None
-    rest = address[6:]
-    host, sep, port = rest[1:].partition("]:") if rest.startswith("[") else rest.rpartition(":")
-    if not sep or not port.isdigit():
-        return None
-    return host, int(port)
-
-
-def _offset(address: str, rank: int) -> str:
-    if rank == 0:
-        return address
-    parsed = _split_tcp(address)
-    if parsed is None:
-        raise ValueError(f"cannot offset {address!r} by a data-parallel rank")
-    return _tcp(parsed[0], parsed[1] + rank)
-
-
-def source_addresses(ep: Endpoint, config: KVEventsConfig) -> list[SourceAddress]:
-    """Where each rank of `ep` publishes (and replays); see the module docstring."""
-    explicit = ep.spec.kv_events_endpoint.strip()
-    events, _, replay = explicit.partition("@") if explicit else (_tcp(ep.address, config.port), "", "")
-    if not replay and config.replay_port > 0:
-        parsed = _split_tcp(events)
-        host = parsed[0] if parsed is not None else ep.address
-        replay = _tcp(host, config.replay_port)
-    return [SourceAddress(ep.key, r, _offset(events, r), _offset(replay, r) if replay else None)
-            for r in range(max(1, config.dp_size))]
 
 
 class KVEventsManager:
@@ -120,6 +79,7 @@ class KVEventsManager:
         self._loss = loss
         self._ctx: zmq.asyncio.Context | None = None
         self._subs: dict[str, list[Subscriber]] = {}
+        self._owners = RankOwners()  # which endpoint holds each rank of a pod
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._awaiting: dict[str, float] = {}  # endpoint -> first routing since its last message
         # usable_among's last answer: ((states' revision, this manager's), candidates, usable), and
@@ -146,20 +106,28 @@ class KVEventsManager:
             log.warning("kv events address invalid; endpoint scored approximately",
                         extra={"endpoint": ep.key, "error": str(exc)})
             return
-        subs = [Subscriber(a, self._ctx, self.index, self.config, self.stats, self._clock,
-                           on_heard=self._heard, loss=self._loss) for a in addresses]
+        self._owners.add(ep.key, ep.address, [a.rank for a in addresses])
+        owners = self._owners
+
+        def owner(rank: int, host: str = ep.address) -> str | None:
+            return owners.owner(host, rank)
+
+        subs = [Subscriber(a, self._ctx, self.index, self.config, self.stats, self._clock, on_heard=self._heard,
+                           loss=self._loss, owner=owner) for a in addresses]
         self._subs[ep.key] = subs
         self._revision += 1
         self._tasks[ep.key] = [supervise(f"kv-events {s.address.events}", s.run, restart_on_return=False).task
                                for s in subs]
-        log.info("kv events subscribed", extra={"endpoint": ep.key, "events": [a.events for a in addresses],
-                                                "replay": addresses[0].replay})
+        log.info("kv events subscribed", extra={"endpoint": ep.key, "ranks": [a.rank for a in addresses],
+                                                "events": [a.events for a in addresses],
+                                                "replay": [a.replay for a in addresses]})
 
     def _removed(self, ep: Endpoint) -> None:
         self.flush()
         for task in self._tasks.pop(ep.key, ()):
             task.cancel()
         self._subs.pop(ep.key, None)
+        self._owners.remove(ep.key)
         self._awaiting.pop(ep.key, None)
         self._revision += 1
         self._capacity.pop(ep.key, None)
@@ -194,6 +162,7 @@ class KVEventsManager:
             tasks = [t for ts in self._tasks.values() for t in ts]
             self._tasks.clear()
             self._subs.clear()
+            self._owners.clear()
             self._revision += 1
             for task in tasks:
                 task.cancel()

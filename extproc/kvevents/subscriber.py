@@ -31,6 +31,10 @@ budget per source; a message the budget cannot pay for is dropped and the source
 loss). One loop iteration takes at most `max_messages_per_iteration` messages and `ITERATION_BYTES`
 (1 MiB) before yielding.
 
+Rank attribution: each batch's `data_parallel_rank` picks the index source it is applied to
+(extproc/kvevents/ranks.py `Attribution`); what this subscription applied to another rank's
+endpoint is cleared with its own entries.
+
 `SourceState` is what the manager reads: a source is *usable* once it has heard from its
 publisher (a message or a replay) and is not uncertain; an uncertain source becomes usable again
 once fresh events have been applied for `resync_window_s` (default 5 s). Test seam: `loss(endpoint,
@@ -49,8 +53,9 @@ import zmq
 import zmq.asyncio
 
 from extproc.config.settings import KVEventsConfig
-from extproc.kvevents.index import PreciseIndex, Source
+from extproc.kvevents.index import PreciseIndex
 from extproc.kvevents.limits import bounded_socket, budget_for, keep_connected
+from extproc.kvevents.ranks import Attribution, Owner, SourceAddress
 from extproc.kvevents.wire import Cleared, Removed, Stored, WireError, decode_batch
 
 log = logging.getLogger("prefix_epp.kvevents")
@@ -59,18 +64,6 @@ END_OF_REPLAY = -1
 ITERATION_BYTES = 1 << 20  # payload bytes decoded between two yields (~10 ms of decoding)
 Clock = Callable[[], float]
 Loss = Callable[[str, int], bool]
-
-
-@dataclass(frozen=True, slots=True)
-class SourceAddress:
-    endpoint: str  # datastore key
-    rank: int
-    events: str  # tcp://host:port of the PUB socket
-    replay: str | None = None  # tcp://host:port of the ROUTER replay socket
-
-    @property
-    def source(self) -> Source:
-        return (self.endpoint, self.rank)
 
 
 # What `SourceState.usable` reads, apart from the time: a change to one of them bumps `revision`
@@ -120,12 +113,16 @@ class SubscriberStats:
     resyncs: dict[str, int] = field(default_factory=dict)
     decode_errors: int = 0
     late_joins: int = 0
+    # batches naming another rank than their subscription's (and not 0): applied to that rank's
+    # endpoint on the same pod, or dropped where it has none
+    other_rank: dict[str, int] = field(default_factory=lambda: {"attributed": 0, "dropped": 0})
 
 
 class Subscriber:
     def __init__(self, address: SourceAddress, ctx: zmq.asyncio.Context, index: PreciseIndex,
                  config: KVEventsConfig, stats: SubscriberStats, clock: Clock,
-                 on_heard: Callable[[str], None] | None = None, loss: Loss | None = None) -> None:
+                 on_heard: Callable[[str], None] | None = None, loss: Loss | None = None,
+                 owner: Owner | None = None) -> None:
         self.address = address
         self.state = SourceState()
         self._ctx = ctx
@@ -135,6 +132,7 @@ class Subscriber:
         self._clock = clock
         self._on_heard = on_heard
         self._loss = loss
+        self._ranks = Attribution(address, owner, stats.other_rank)
         self._dup_from: int | None = None  # live messages in [dup_from, next) were replayed already
         self._budget = budget_for(config, clock())
         self._replay_failure = "failed"  # outcome of the latest replay that returned None
@@ -193,7 +191,7 @@ class Subscriber:
         self._stats.dropped[reason] += 1
         self._heard()
         if st.uncertain_since is not None and st.reason == reason:
-            self._index.clear_source(self.address.source)  # entries applied since may miss its removals
+            self._clear()  # entries applied since may miss its removals
             st.fresh_since = None
         else:
             self._resync(reason)
@@ -216,7 +214,7 @@ class Subscriber:
             log.warning("kv events sequence went back: new publisher, entries dropped",
                         extra={"endpoint": self.address.endpoint, "rank": self.address.rank,
                                "expected_seq": expected, "seq": seq})
-            self._index.clear_source(self.address.source)
+            self._clear()
             if seq == 0:
                 self._apply(seq, payload)
                 return
@@ -249,7 +247,7 @@ class Subscriber:
     def publisher_restarted(self) -> None:
         """Told from outside (a scrape saw the engine restart) before the new publisher spoke: drop
         this source's entries and take the next message as the start of a new sequence."""
-        self._index.clear_source(self.address.source)
+        self._clear()
         self.state.next_seq = None
         self._dup_from = None
         self._stats.restarts += 1
@@ -258,7 +256,7 @@ class Subscriber:
 
     def _started_late(self, first_seq: int) -> None:
         """Start from `first_seq`: drop whatever an earlier subscription of this source left behind."""
-        self._index.clear_source(self.address.source)
+        self._clear()
         self._stats.late_joins += 1
         st = self.state
         st.uncertain_since = st.fresh_since = None
@@ -283,7 +281,10 @@ class Subscriber:
                                                                 "seq": seq, "error": str(exc)[:200]})
             self._resync("undecodable")
             return
-        source, index, counts = self.address.source, self._index, self._stats.events
+        source = self._ranks.source_of(batch.rank)
+        if source is None:
+            return
+        index, counts = self._index, self._stats.events
         for ev in batch.events:
             index.apply(source, ev)
             name = ("BlockStored" if isinstance(ev, Stored) else "BlockRemoved" if isinstance(ev, Removed)
@@ -293,9 +294,15 @@ class Subscriber:
         if st.uncertain_since is not None and st.fresh_since is None:
             st.fresh_since = self._clock()
 
+    def _clear(self) -> None:
+        """Drop this source's entries and whatever it applied to other ranks' endpoints."""
+        self._index.clear_source(self.address.source)
+        for source in self._ranks.elsewhere:
+            self._index.clear_source(source)
+
     def _resync(self, reason: str) -> None:
         st = self.state
-        self._index.clear_source(self.address.source)
+        self._clear()
         st.uncertain_since = self._clock()
         st.fresh_since = None
         st.reason = reason

@@ -16,6 +16,7 @@
 | prefix_epp_kv_events_dropped_messages_total | counter | reason (rate-limited: over an engine's byte budget) |
 | prefix_epp_kv_events_resyncs_total | counter | reason |
 | prefix_epp_kv_events_late_joins_total | counter | - (publishers joined after their first message) |
+| prefix_epp_kv_events_other_rank_batches_total | counter | outcome (attributed, dropped: extproc/kvevents/ranks.py) |
 """
 
 from __future__ import annotations
@@ -94,3 +95,9 @@ class KVEventsCollector(Collector):
         yield CounterMetricFamily("prefix_epp_kv_events_late_joins", "Publishers first heard after they had "
                                   "published (what they stored before the replay buffer reaches is not indexed)",
                                   value=st.late_joins)
+        other = CounterMetricFamily("prefix_epp_kv_events_other_rank_batches",
+                                    "Batches whose data_parallel_rank names another rank than their publisher's port",
+                                    labels=["outcome"])
+        for outcome, n in st.other_rank.items():
+            other.add_metric([outcome], n)
+        yield other

@@ -16,7 +16,7 @@ import pytest
 from extproc.config.settings import DiscoveryConfig, EppConfig
 from extproc.core.datastore import Datastore
 from extproc.discovery.kubernetes import KubernetesDiscovery, pool_namespace
-from extproc.kvevents.manager import source_addresses
+from extproc.kvevents.ranks import source_addresses
 from extproc.prefix.index import PrefixIndex
 from extproc.telemetry.discovery import DiscoveryCollector
 from testkit.kube import (

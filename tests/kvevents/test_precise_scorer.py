@@ -12,7 +12,7 @@ from extproc.config.settings import EppConfig, KVEventsConfig, PrefixConfig
 from extproc.config.values import ConfigError
 from extproc.core.datastore import Datastore, Endpoint, EndpointSpec
 from extproc.discovery.static import parse_endpoints
-from extproc.kvevents.manager import source_addresses
+from extproc.kvevents.ranks import source_addresses
 from extproc.prefix.index import PrefixIndex
 from extproc.scheduling.build import build_scheduler, default_profile
 from extproc.scheduling.config_loader import load_text
