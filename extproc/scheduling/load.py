@@ -12,8 +12,9 @@ the endpoint as saturated). The interval grows with the pool past the scrape bud
 (extproc/scraping/plan.py: 512 ms at 256 endpoints, longer than the utilization-detector's
 200 ms threshold), so a scrape counts as stale when the next one is overdue, not merely because
 the pool is large. Their queue is `queue_depth`: the scraped waiting queue plus the requests
-routed there since that scrape, so a slow or stale scrape cannot make every new request pile
-onto the pod that looked idle.
+routed there since that scrape (or the picker's own requests there beyond the scraped running
+ones, if more), so a slow or stale scrape cannot make every new request pile onto the pod that
+looked idle.
 """
 
 from __future__ import annotations
@@ -48,5 +49,11 @@ def routed_since_scrape(ep: Endpoint) -> int:
 
 
 def queue_depth(ep: Endpoint, m: ModelServerMetrics) -> float:
-    """Scraped waiting queue plus the requests routed to `ep` since that scrape."""
-    return m.waiting + routed_since_scrape(ep)
+    """The larger of: the scraped waiting queue plus the requests routed to `ep` since that scrape;
+    and the picker's own requests there that the scrape did not see running (in flight now minus
+    the scraped `running`). The second covers what the first misses: requests routed before the
+    scrape that had not reached the engine when it rendered its page are in `inflight_at_scrape`
+    but not in its `waiting`; the first covers other pickers' requests, which only the engine sees."""
+    own = ep.inflight - m.running
+    scraped = m.waiting + routed_since_scrape(ep)
+    return scraped if scraped >= own else float(own)

@@ -298,9 +298,9 @@ async def test_closing_answers_every_held_request_with_503() -> None:
         await fc.submit(req(), pool.route("after"))
 
 
-def scrape(ds: Datastore, ep: Endpoint, waiting: float) -> None:
-    ds.set_metrics(ep.key, ModelServerMetrics(waiting=waiting, ok=True, updated_at=time.monotonic(),
-                                              interval_s=60.0))
+def scrape(ds: Datastore, ep: Endpoint, waiting: float, running: float = 0) -> None:
+    ds.set_metrics(ep.key, ModelServerMetrics(waiting=waiting, running=running, ok=True,
+                                              updated_at=time.monotonic(), interval_s=60.0))
 
 
 async def test_the_utilization_gate_credits_dispatches_since_the_last_scrape() -> None:
@@ -315,9 +315,28 @@ async def test_the_utilization_gate_credits_dispatches_since_the_last_scrape() -
         pool.hold(fc, req(), name)
     await until(lambda: fc.count == 2)
     assert pool.order == ["a", "b"]
-    scrape(pool.ds, ep, 0)  # the engine admitted its queue: the scrape wakes the dispatcher
+    scrape(pool.ds, ep, 0, running=2)  # the engine admitted its queue: the scrape wakes the dispatcher
     await until(lambda: fc.count == 0)
     assert pool.order == ["a", "b", "c", "d"]
+
+
+async def test_the_utilization_gate_counts_requests_the_scrape_did_not_see_arrive() -> None:
+    # queueDepthThreshold 3; three dispatched, then a scrape shows 1 running and none waiting: two
+    # were still on their way to the engine, so the queue is 2 and only one more goes.
+    pool = Pool(1)
+    fc = controller(pool, UtilizationDetector(SaturationConfig(queue_depth_threshold=3,
+                                                               metrics_staleness_threshold_s=60.0)))
+    ep = pool.ds.snapshot()[0]
+    scrape(pool.ds, ep, 0)
+    for name in ("a", "b", "c", "d", "e"):
+        pool.hold(fc, req(), name)
+    await until(lambda: fc.count == 2)  # the credit alone: three since the scrape
+    scrape(pool.ds, ep, 0, running=1)  # taken after "c": it saw one of the three arrive
+    assert fc.saturation() == 2 / 3  # without the picker's own count: 0, and both would go
+    await until(lambda: fc.count == 1 and not fc._wake.is_set())  # the scrape's dispatch cycle ran
+    assert pool.order == ["a", "b", "c", "d"] and fc.saturation() == 1.0
+    scrape(pool.ds, ep, 0, running=3)
+    await until(lambda: fc.count == 0)
 
 
 async def test_a_stale_endpoint_counts_as_saturated() -> None:

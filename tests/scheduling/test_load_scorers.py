@@ -60,6 +60,18 @@ def test_queue_counts_requests_routed_since_the_scrape() -> None:
     assert QueueScorer(2.0, clock).score(REQ, eps) == [0.0, 1.0]
 
 
+def test_queue_counts_requests_routed_before_the_scrape_that_it_did_not_see() -> None:
+    """Six routed before the scrape, two of them still on their way to the engine when it rendered
+    its page (4 running, 0 waiting): the queue is 2 at once, not only after the next scrape."""
+    (ep,) = endpoints(None)
+    ep.inflight = ep.inflight_at_scrape = 6
+    assert queue_depth(ep, fresh(waiting=0, running=4)) == 2
+    ep.inflight = 7  # one more since the scrape
+    assert queue_depth(ep, fresh(waiting=0, running=4)) == 3
+    ep.inflight = ep.inflight_at_scrape = 1  # other routers' requests: only the engine's queue shows them
+    assert queue_depth(ep, fresh(waiting=5, running=4)) == 5
+
+
 @pytest.mark.parametrize("profile", [Profile("queue-only", (), (("queue-scorer", 1.0),)), None])
 def test_stale_scrapes_do_not_burst_onto_one_pod(profile: Profile | None) -> None:
     """No scrape lands while 30 requests are routed: the queue scorer alone still spreads them."""
