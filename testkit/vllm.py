@@ -237,13 +237,16 @@ def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: in
             engine.stop()
 
 
+RANK = web.AppKey("rank", int)
+
+
 @contextlib.asynccontextmanager
 async def rank_ports(engine: Engine, ports: list[int]) -> AsyncIterator[None]:
     """HTTP on `engine.address`:ports[r] forwarded to the engine with `X-data-parallel-rank: r`:
     each rank of a `--data-parallel-size` engine reachable on a port of its own, as llm-d's
     sidecar gives each rank one (its proxies on the base port + r); served on the running loop."""
     async def forward(request: web.Request) -> web.Response:
-        rank = request.app["rank"]
+        rank = request.app[RANK]
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         headers["X-data-parallel-rank"] = str(rank)
         url = URL(f"{engine.url}{request.raw_path}", encoded=True)  # the query as sent (the scraper's name[]=)
@@ -257,7 +260,7 @@ async def rank_ports(engine: Engine, ports: list[int]) -> AsyncIterator[None]:
     try:
         for rank, port in enumerate(ports):
             app = web.Application()
-            app["rank"] = rank
+            app[RANK] = rank
             app.router.add_route("*", "/{tail:.*}", forward)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
