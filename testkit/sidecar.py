@@ -11,7 +11,7 @@ it receives (`seen`: method, path and query as sent, headers in order, body byte
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +94,7 @@ class Recorder:
             await self._runner.cleanup()
 
 
-async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+async def sse_events(response: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
     """Each `data:` payload of a server-sent-events answer, as soon as its event is complete."""
     buffer = b""
     async for chunk in response.content.iter_any():

@@ -157,7 +157,8 @@ class Proxy:
         started = time.monotonic()
         outcome, status = "ok", 0
         try:
-            async with self.session.post(url, headers=[*headers, ("Accept-Encoding", "identity")], data=body,
+            sent = [(k, v) for k, v in headers if k.lower() != "accept-encoding"]  # its answer is read here
+            async with self.session.post(url, headers=[*sent, ("Accept-Encoding", "identity")], data=body,
                                          ssl=self.prefill_ssl, timeout=self.prefill_timeout,
                                          allow_redirects=False) as answer:
                 status = answer.status
@@ -210,14 +211,17 @@ class Proxy:
                 await response.write(chunk)
         except ConnectionResetError:  # the client left (aiohttp's own reset error is a ClientError too)
             self.metrics.requests.labels(mode, "client_gone").inc()
-            raise
+            return response  # leaving the engine's answer unread closes its connection: vLLM aborts
         except (TimeoutError, aiohttp.ClientError) as exc:
-            # Too late for a status: closing the client's connection is what tells it the answer is cut.
+            # Too late for a status: closing the client's connection without the answer's end is
+            # what tells it the answer is cut (aiohttp's own end of it then fails quietly).
             self.metrics.requests.labels(mode, "decode_cut").inc()
             log.warning("sidecar_answer_cut", extra={"mode": mode, "error": type(exc).__name__})
-            raise
-        await response.write_eof()
+            if request.transport is not None:
+                request.transport.close()
+            return response
         self.metrics.requests.labels(mode, "ok" if upstream.status < 400 else "engine_error").inc()
+        await response.write_eof()
         return response
 
     def decode_failed(self, exc: BaseException, mode: str) -> web.Response:

@@ -3,8 +3,10 @@ that serves, logs without prompt text and stops gracefully on SIGTERM."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +19,16 @@ from testkit.procs import Proc, free_port, prefix_epp, until, wait_for_port
 from testkit.sidecar import Recorder, Seen, json_answer
 
 SECRET = "a prompt the logs must never show"
+
+
+@pytest.fixture(autouse=True)
+def root_logger() -> Iterator[None]:
+    """`main` sets up the process's logging on the test's captured stderr: undo it afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.mark.parametrize(("args", "says"), [

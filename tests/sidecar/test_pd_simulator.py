@@ -104,6 +104,7 @@ async def test_the_answer_streams_through_and_a_client_leaving_aborts_the_decode
             assert first["choices"][0]["text"]
             [running] = decode.engine.running  # the first chunk came while the decode was still generating
             assert running.generated < 200
+            await events.aclose()
         await until(lambda: not decode.engine.running, timeout=10)  # the client left: vLLM-style abort
         assert decode.engine.stats.requests_success == 0
 
