@@ -2,15 +2,17 @@
 that records what the sidecar sent it.
 
 `sidecar(**fields)` runs `extproc.sidecar.server.Sidecar` on 127.0.0.1 and a free port with those
-SidecarConfig fields; `Recorder(answer)` is an HTTP server on a free port that keeps every request
-it receives (`seen`: method, path and query as sent, headers in order, body bytes) and answers it with
-`answer(seen)`, for what the simulator cannot show (the exact bytes and headers each leg carries).
+SidecarConfig fields. `Recorder(answer)` is an HTTP server on a free port (TLS with `tls`, a server
+context) that keeps every request it receives (`seen`: method, path and query as sent, headers in
+order, body bytes) and answers it with `answer(seen)`: what the simulator cannot show, the exact
+bytes and headers each leg carries.
 `sse_events(response)` reads a server-sent-events answer event by event, as a client does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,15 +61,16 @@ async def json_answer(seen: Seen, status: int = 200, body: Any = None) -> web.Re
 class Recorder:
     """An engine stand-in (module docstring); `url` once started."""
 
-    def __init__(self, answer: Answer = json_answer) -> None:
+    def __init__(self, answer: Answer = json_answer, tls: ssl.SSLContext | None = None) -> None:
         self.answer = answer
+        self.tls = tls
         self.seen: list[Seen] = []
         self.port = 0
         self._runner: web.AppRunner | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def host_port(self) -> str:
@@ -84,7 +87,7 @@ class Recorder:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.tls)
         await site.start()
         self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
         return self

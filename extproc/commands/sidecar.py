@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stages reached over https: prefiller, decoder")
     p.add_argument("--tls-insecure-skip-verify", type=comma_list, default=_D.tls_insecure_skip_verify,
                    metavar="STAGE,...", help="stages whose certificate is not verified: prefiller, decoder")
+    p.add_argument("--ca-file", default=_D.ca_file,
+                   help="PEM CA bundle that verifies the engines' certificates (default: the system's)")
     p.add_argument("--secure-serving", type=parse_bool, nargs="?", const=True, default=_D.secure_serving,
                    metavar="BOOL", help="serve TLS from --cert-path (default %(default)s)")
     p.add_argument("--cert-path", default=_D.cert_path, help="directory with tls.crt and tls.key")
@@ -81,6 +83,8 @@ def validate(c: SidecarConfig) -> None:
     for flag, stages in (("--enable-tls", c.enable_tls), ("--tls-insecure-skip-verify", c.tls_insecure_skip_verify)):
         if unknown := [s for s in stages if s not in TLS_STAGES]:
             raise StartupError(f"{flag}: unknown stage {unknown[0]!r} (stages: {', '.join(TLS_STAGES)})")
+    if c.ca_file and not Path(c.ca_file).is_file():
+        raise StartupError(f"--ca-file {c.ca_file}: no such file")
     if c.secure_serving:
         if not c.cert_path:
             raise StartupError("--secure-serving needs --cert-path (a directory with tls.crt and tls.key)")

@@ -29,6 +29,7 @@ class SidecarConfig:
     kv_connector: Connector = "nixlv2"
     enable_tls: tuple[str, ...] = ()  # --enable-tls prefiller,decoder: https to that stage
     tls_insecure_skip_verify: tuple[str, ...] = ()  # stages whose certificate is not verified
+    ca_file: str = ""  # --ca-file: PEM CA bundle verifying the engines' certificates ("": the system's)
     secure_serving: bool = False  # --secure-serving: serve TLS (the gateway must then dial TLS)
     cert_path: str = ""  # directory with tls.crt and tls.key (required with --secure-serving)
     metrics_port: int = 0  # --metrics-port: the sidecar's own /metrics (0: off; /metrics on --port is the engine's)

@@ -17,6 +17,9 @@ Every request, whatever its method and path, goes through `Proxy.handle`:
 - A malformed header value (not one IP:PORT), a repeated header or a body that is not a JSON
   object is 400.
 
+TLS to an engine (`enable_tls`, or an https `decode_url`) verifies its certificate against `ca_file`
+(else the system's CAs) unless `tls_insecure_skip_verify` names its stage.
+
 Both legs carry the client's `x-request-id`, or one the sidecar makes, so the two engines' logs of
 one request can be matched. The decode engine unreachable is 503 (connection refused: it is not
 serving yet) or 502. An engine failing after its answer started cannot change the status any more:
@@ -30,6 +33,7 @@ durations, the request id.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -63,9 +67,10 @@ class Proxy:
         if "decoder" in config.enable_tls and decode.scheme == "http":
             decode = decode.with_scheme("https")
         self.decode_base = str(decode).rstrip("/")
-        self.decode_ssl = _ssl(decode.scheme == "https", "decoder" in config.tls_insecure_skip_verify)
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=config.ca_file) if config.ca_file else True
+        self.decode_ssl = False if "decoder" in config.tls_insecure_skip_verify else verify
         self.prefill_scheme = "https" if "prefiller" in config.enable_tls else "http"
-        self.prefill_ssl = _ssl(self.prefill_scheme == "https", "prefiller" in config.tls_insecure_skip_verify)
+        self.prefill_ssl = False if "prefiller" in config.tls_insecure_skip_verify else verify
         self.prefill_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout_s,
                                                      sock_connect=config.connect_timeout_s)
         self.decode_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
@@ -235,11 +240,6 @@ class Proxy:
 
 def error(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(protocol.error_body(status, message)), content_type=JSON)
-
-
-def _ssl(https: bool, skip_verify: bool) -> bool:
-    """aiohttp's `ssl` argument: False skips certificate verification, True verifies."""
-    return not (https and skip_verify)
 
 
 class BoundedBody:

@@ -4,7 +4,9 @@ the exact bodies and headers of the prefill and the decode, error answers, bound
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -12,6 +14,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.certs import Authority
 from testkit.procs import free_port
 from testkit.sidecar import Recorder, Seen, json_answer, sidecar
 
@@ -164,6 +167,33 @@ async def test_an_unreachable_or_slow_prefill_is_a_gateway_error(session: aiohtt
             assert decode.seen == []
         finally:
             release.set()
+
+
+async def test_tls_from_the_client_and_to_a_prefill_the_ca_vouches_for(
+        session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    ca, other = Authority.create(tmp_path / "ca"), Authority.create(tmp_path / "other", "other")
+    served = ca.issue(tmp_path, "sidecar", ips=("127.0.0.1",))
+    trusted, stranger = server_context(ca.issue(tmp_path, "engine", ips=("127.0.0.1",))), \
+        server_context(other.issue(tmp_path, "stranger", ips=("127.0.0.1",)))
+    client = ssl.create_default_context(cafile=ca.ca_file)
+    async with Recorder(prefill_ok, tls=trusted) as prefill, Recorder(prefill_ok, tls=stranger) as unknown, \
+            Recorder(decode_streams) as decode, \
+            sidecar(decode_url=decode.url, enable_tls=("prefiller",), ca_file=str(ca.ca_file),
+                    secure_serving=True, cert_path=str(served)) as s:
+        https = f"https://127.0.0.1:{s.port}/v1/completions"
+        async with session.post(https, data=RAW, headers={"x-prefiller-host-port": prefill.host_port},
+                                ssl=client) as resp:
+            assert resp.status == 200 and await resp.read() == b"".join(SSE)
+        async with session.post(https, data=RAW, headers={"x-prefiller-host-port": unknown.host_port},
+                                ssl=client) as resp:
+            assert resp.status == 502 and unknown.host_port in (await resp.json())["error"]["message"]
+        assert (len(prefill.seen), unknown.seen, len(decode.seen)) == (1, [], 1)
+
+
+def server_context(directory: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(directory / "tls.crt", directory / "tls.key")
+    return ctx
 
 
 async def test_bodies_are_bounded(session: aiohttp.ClientSession) -> None:
