@@ -65,7 +65,10 @@ async def test_the_process_serves_logs_no_prompt_and_stops_on_sigterm(tmp_path: 
         proc = Proc(prefix_epp("sidecar", "--bind-address", "127.0.0.1", "--port", str(port),
                                "--decode-url", decode.url, "--kv-connector", "nixlv2"), tmp_path / "sidecar.log")
         try:
-            wait_for_port(port, proc=proc.popen)
+            try:
+                wait_for_port(port, timeout=30, proc=proc.popen)
+            except (RuntimeError, TimeoutError) as exc:
+                raise AssertionError(f"{exc}\n{proc.log_text()[-4000:]}") from None
             body = orjson.dumps({"model": "m", "prompt": SECRET, "stream": True})
             async with session.post(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                     headers={"x-prefiller-host-port": prefill.host_port}) as resp:
