@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from testkit.certs import Authority
 from testkit.procs import free_port
@@ -111,9 +112,10 @@ async def test_each_leg_carries_its_protocols_body_and_only_end_to_end_headers(
 
 async def test_without_the_header_the_request_is_forwarded_as_it_came(session: aiohttp.ClientSession) -> None:
     async with Recorder() as decode, sidecar(decode_url=decode.url) as s:
-        async with session.post(url(s.port, "/v1/completions?a=%2F"), data=RAW, headers=HEADERS) as resp:
+        sent = URL(url(s.port, "/v1/completions?a=%2F"), encoded=True)  # the query exactly as written
+        async with session.post(sent, data=RAW, headers=HEADERS) as resp:
             assert resp.status == 200 and await resp.json() == {"ok": True}
-        async with session.get(url(s.port, "/metrics?name[]=vllm:x")) as resp:
+        async with session.get(URL(url(s.port, "/metrics?name[]=vllm:x"), encoded=True)) as resp:
             assert resp.status == 200
         # On a path that has no prefill the header is dropped and the engine serves the request alone.
         async with session.post(url(s.port, "/v1/embeddings"), data=b"{}",
