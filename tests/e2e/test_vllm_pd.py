@@ -15,7 +15,6 @@ the header as the picker would.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -65,10 +64,13 @@ def cached(usage: dict[str, Any]) -> int:
     return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
-async def test_the_decode_engine_loads_the_prefill_engines_kv_and_answers_the_same(tmp_path: Path) -> None:
-    shared = tmp_path / "kv"
+async def test_the_decode_engine_loads_the_prefill_engines_kv_and_answers_the_same(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    # A short directory: the engines' IPC socket paths under it must fit AF_UNIX's 108 bytes.
+    tmp = tmp_path_factory.mktemp("pd")
+    shared = tmp / "kv"
     roles = [kv_transfer_args("kv_producer", shared), kv_transfer_args("kv_consumer", shared)]
-    with engines(tmp_path / "vllm", 2, engine_args=roles) as (producer, consumer):
+    with engines(tmp / "vllm", 2, engine_args=roles) as (producer, consumer):
         async with sidecar(decode_url=consumer.url, kv_connector="shared-storage") as s, \
                 aiohttp.ClientSession() as session:
             # Without the header: forwarded, the decode engine computes the prompt itself (cold).
