@@ -28,7 +28,7 @@ from testkit.vllm_env import MODEL_NAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(600)]
 
-WORDS = 2500  # ~2,500 tokens: a prefill of about a second on one core
+WORDS = 6000  # ~6,000 tokens (one per word): a cold prefill ~0.2 s on one core, a load of its KV a fraction of it
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 
 
@@ -85,14 +85,14 @@ async def test_the_decode_engine_loads_the_prefill_engines_kv_and_answers_the_sa
             decoded, usage = await through(session, s.port, text, producer)
             pd_ttft = consumer.counter(TTFT_SUM) - before
             reusable = (int(usage["prompt_tokens"]) - 1) // BLOCK_SIZE * BLOCK_SIZE
-            assert int(usage["prompt_tokens"]) > 2000
+            assert int(usage["prompt_tokens"]) > 5000
             # The prefill engine computed one token; the decode engine loaded the prompt's KV.
             assert producer.counter("vllm:request_success_total") == 1
             assert producer.counter("vllm:generation_tokens_total") == 1
             assert any(shared.iterdir())
             assert consumer.counter("vllm:external_prefix_cache_hits_total") == reusable
             assert cached(usage) == reusable
-            assert pd_ttft < cold_ttft / 2, (pd_ttft, cold_ttft)
+            assert pd_ttft < cold_ttft / 2, (pd_ttft, cold_ttft)  # measured: ~0.05 s against ~0.22 s
 
             alone = {**body(text, stream=False), "prompt_logprobs": 0}  # computed whole: no cache read
             async with session.post(f"{producer.url}/v1/completions", json=alone) as resp:
