@@ -20,7 +20,8 @@ Rooms, lowest first; a room imports only rooms below it (tests/test_layering.py 
 | `telemetry` | the picker's own Prometheus metrics and their /metrics endpoint |
 | `transport` | the ext_proc gRPC transport: the stream state machine, responses, health, TLS |
 | `runtime` | process wiring: the app, worker processes, drain |
-| `commands` | the CLI: `serve`, `envoy-config`, `sim` (the simulator, package `prefix_epp_sim`) |
+| `sidecar` | the decode pod's prefill/decode proxy (`prefix-epp sidecar`): prefill elsewhere, then decode here |
+| `commands` | the CLI: `serve`, `envoy-config`, `sidecar`, `sim` (the simulator, package `prefix_epp_sim`) |
 
 Data flows one way on the request path: transport -> control (parse, tokenize) -> [flowcontrol:
 wait for a turn while the pool is saturated] -> scheduling -> decision -> transport. Discovery,

@@ -11,7 +11,9 @@ those have the same concept: `--served-model-name`, `--max-model-len`, `--max-nu
 `--seed`, `--kv-cache-size` (alias of `--kv-cache-blocks`), `--failure-injection-rate` (percent,
 alias of `--failure-rate` as a fraction), and vLLM's `--kv-events-config '<json>'`, which
 overrides the `--kv-events-*` flags and applies vLLM's bind-or-connect rule (bind when the
-endpoint contains `*`, `::`, `ipc://` or `inproc://`).
+endpoint contains `*`, `::`, `ipc://` or `inproc://`), and vLLM's `--kv-transfer-config '<json>'`
+(NixlConnector, or ExampleConnector on a shared directory: a prefill/decode pair,
+`prefix_epp_sim.kv_transfer`).
 
 `--clairvoyant-port P` adds the benchmark's clairvoyant reference router on port P
 (`prefix_epp_sim.clairvoyant`): it sends each request to the replica with the least predicted TTFT.
@@ -112,6 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     events.add_argument("--kv-events-buffer-steps", type=int, default=_D.kv_events_buffer_steps)
     events.add_argument("--kv-events-hwm", type=int, default=_D.kv_events_hwm)
     events.add_argument("--kv-events-config", metavar="JSON", help="vLLM's KVEventsConfig as JSON")
+    p.add_argument("--kv-transfer-config", metavar="JSON",
+                   help="vLLM's KVTransferConfig as JSON: kv_connector NixlConnector or ExampleConnector "
+                        "(kv_connector_extra_config.shared_storage_path), kv_role (prefix_epp_sim.kv_transfer)")
+    p.set_defaults(kv_connector=_D.kv_connector, kv_role=_D.kv_role,  # set from --kv-transfer-config only
+                   kv_shared_storage_path=_D.kv_shared_storage_path)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -132,12 +139,27 @@ def _vllm_kv_events(text: str) -> dict[str, Any]:
     return out
 
 
+_CONNECTORS = {"NixlConnector": "nixl", "ExampleConnector": "shared-storage",
+               "SharedStorageConnector": "shared-storage"}  # the last: ExampleConnector's former name
+
+
+def _vllm_kv_transfer(text: str) -> dict[str, Any]:
+    cfg = json.loads(text)
+    if not isinstance(cfg, dict) or cfg.get("kv_connector") not in _CONNECTORS:
+        raise ValueError(f"--kv-transfer-config: kv_connector must be one of {', '.join(_CONNECTORS)}")
+    extra = cfg.get("kv_connector_extra_config") or {}
+    return {"kv_connector": _CONNECTORS[cfg["kv_connector"]], "kv_role": cfg.get("kv_role", "kv_both"),
+            "kv_shared_storage_path": str(extra.get("shared_storage_path", "")) if isinstance(extra, dict) else ""}
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SimConfig)}
     values["served_model_name"] = tuple(values["served_model_name"])
     values["lora_modules"] = tuple(values["lora_modules"])
     if getattr(args, "kv_events_config", None):
         values.update(_vllm_kv_events(args.kv_events_config))
+    if getattr(args, "kv_transfer_config", None):
+        values.update(_vllm_kv_transfer(args.kv_transfer_config))
     return SimConfig(**values)
 
 

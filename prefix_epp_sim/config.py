@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 KVEventsEncoding = Literal["array", "map"]
+KV_CONNECTORS = ("", "nixl", "shared-storage")  # vLLM's NixlConnector and ExampleConnector (prefix_epp_sim.kv_transfer)
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 MetricsSurface = Literal["vllm", "minimal"]
 COSTS = ("inter_token_latency", "decode_time_per_seq", "prefill_time_per_token", "prefill_overhead")
 
@@ -85,6 +87,12 @@ class SimConfig:
     kv_events_buffer_steps: int = 10_000  # batches kept for replay
     kv_events_hwm: int = 100_000
 
+    # KV transfer between engines (vLLM's --kv-transfer-config; prefix_epp_sim.kv_transfer): "" (none),
+    # "nixl" or "shared-storage"; the role, and the directory shared-storage replicas share
+    kv_connector: str = ""
+    kv_role: str = "kv_both"
+    kv_shared_storage_path: str = ""
+
     def __post_init__(self) -> None:
         positive = ("port", "replicas", "max_model_len", "block_size", "kv_cache_blocks", "max_num_seqs",
                     "max_num_batched_tokens", "stream_interval", "max_loras", "kv_events_buffer_steps",
@@ -112,6 +120,10 @@ class SimConfig:
             raise ValueError("metrics_surface must be 'vllm' or 'minimal'")
         if self.kv_events_encoding not in ("array", "map"):
             raise ValueError("kv_events_encoding must be 'array' or 'map'")
+        if self.kv_connector not in KV_CONNECTORS or self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_connector must be one of {KV_CONNECTORS[1:]} and kv_role one of {KV_ROLES}")
+        if (self.kv_connector == "shared-storage") != bool(self.kv_shared_storage_path):
+            raise ValueError("the shared-storage connector needs a shared_storage_path, and only it takes one")
         if self.replicas > 1 and (self.kv_events_replay_endpoint
                                   or (self.kv_events_endpoint and not self.kv_events_connect)):
             raise ValueError("with --replicas > 1, use the KV-events port bases (or --kv-events-connect)")

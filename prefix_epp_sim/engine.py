@@ -8,7 +8,9 @@ One asyncio task per replica runs engine *steps*, like vLLM V1's scheduler loop:
    and then waiting ones while budget remains. A request whose LoRA adapter would exceed
    `max_loras` distinct running adapters is skipped (and keeps its place); a request the KV cache
    cannot hold stops admission (head-of-line, as vLLM). Admission fixes the request's cached
-   tokens (`KVCache.allocate`). A prompt's blocks become hits as soon as the chunk that computes
+   tokens (`KVCache.allocate`), and adds the leading prompt blocks a KV connector loads beyond
+   them (`SimRequest.external_blocks`, set by `prefix_epp_sim.kv_transfer`), stored as computed.
+   A prompt's blocks become hits as soon as the chunk that computes
    them is scheduled, before the step runs, as vLLM V1's `allocate_slots` caches them: a request
    admitted later in the same step, or in any later step, hits the blocks of every chunk
    scheduled before it (the step writes every KV before attention reads any); only blocks of
@@ -79,6 +81,10 @@ class SimRequest:
     finished_at: float | None = None
     aborted: bool = False
     alloc: Allocation | None = None
+    external_blocks: int = 0  # leading prompt blocks a KV connector loads (prefix_epp_sim.kv_transfer)
+    external_tokens: int = 0  # of the cached tokens, those loaded (beyond the local hit)
+    keep_block_ids: bool = False  # a prefill for a remote decode: report its prompt's block ids
+    block_ids: list[int] = field(default_factory=list)  # the prompt's full blocks, at finish (keep_block_ids)
     progress: asyncio.Event = field(default_factory=asyncio.Event)  # new tokens or finished
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -90,7 +96,9 @@ class SimRequest:
 @dataclass
 class EngineStats:
     prefix_queries: int = 0  # prompt tokens of admitted requests
-    prefix_hits: int = 0  # cached tokens of admitted requests
+    prefix_hits: int = 0  # cached tokens of admitted requests, from the local cache
+    external_queries: int = 0  # prompt tokens of admitted requests, with a KV connector
+    external_hits: int = 0  # tokens loaded by the KV connector
     prompt_tokens: int = 0
     generation_tokens: int = 0
     requests_success: int = 0
@@ -152,10 +160,15 @@ class Engine:
     def seed_for(self, lora: str | None) -> int:
         return self._seeds[lora] if lora else self._seed
 
+    def hash_prompt(self, req: SimRequest) -> None:
+        """The chained hashes of the prompt's full blocks (`req.prompt_hashes`), once."""
+        if not req.prompt_hashes:
+            req.prompt_hashes = hash_blocks(req.prompt_tokens, self.cache.block_size, self.seed_for(req.lora))
+
     def submit(self, req: SimRequest) -> None:
         """Queue a request (prompt and max_tokens already validated against max_model_len)."""
         req.arrival = self.now()
-        req.prompt_hashes = hash_blocks(req.prompt_tokens, self.cache.block_size, self.seed_for(req.lora))
+        self.hash_prompt(req)
         self.waiting.append(req)
         if len(self.running) < self.config.max_num_seqs:
             self._wake(req.arrival)
@@ -242,13 +255,20 @@ class Engine:
                 break
             self.waiting.popleft()
             req.alloc = alloc
-            req.cached_tokens = alloc.cached_tokens
-            req.prefill_left = n_prompt - alloc.cached_tokens
+            loaded = min(req.external_blocks, (n_prompt - 1) // self.cache.block_size)
+            if loaded * self.cache.block_size > alloc.cached_tokens:  # stored as if computed, as vLLM does
+                self.cache.commit(alloc, req.prompt_hashes[:loaded], req.prompt_tokens)
+                req.external_tokens = loaded * self.cache.block_size - alloc.cached_tokens
+            req.cached_tokens = alloc.cached_tokens + req.external_tokens
+            req.prefill_left = n_prompt - req.cached_tokens
             budget -= self._schedule_chunk(req, budget)
             req.arrival = min(req.arrival, self.clock)
             self.stats.queue.observe(self.clock - req.arrival)
             self.stats.prefix_queries += n_prompt
             self.stats.prefix_hits += alloc.cached_tokens
+            if cfg.kv_connector:
+                self.stats.external_queries += n_prompt
+                self.stats.external_hits += req.external_tokens
             if req.lora:
                 self._lora_running[req.lora] = self._lora_running.get(req.lora, 0) + 1
             self.running.append(req)
@@ -333,6 +353,8 @@ class Engine:
             tail = hash_blocks(tokens[done_blocks * bs:computed], bs, self.seed_for(req.lora), parent)
             self.cache.commit(alloc, req.prompt_hashes + tail, tokens)
         req.finished_at = end
+        if req.keep_block_ids:
+            req.block_ids = [b.block_id for b in alloc.blocks[:len(req.prompt_hashes)]]
         self._release(req)
         stats = self.stats
         stats.requests_success += 1

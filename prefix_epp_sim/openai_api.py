@@ -82,6 +82,7 @@ class Generation:
     max_tokens: int
     stream: bool
     include_usage: bool
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's, for a KV connector (prefix_epp_sim.kv_transfer)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -194,7 +195,9 @@ def parse_generation(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> 
     stream = bool(body.get("stream", False))
     options = body.get("stream_options")
     include_usage = stream and isinstance(options, dict) and bool(options.get("include_usage", False))
-    return Generation(kind, model, lora, tokens, max_tokens, stream, include_usage)
+    params = body.get("kv_transfer_params")
+    return Generation(kind, model, lora, tokens, max_tokens, stream, include_usage,
+                      params if isinstance(params, dict) else None)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

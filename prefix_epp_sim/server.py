@@ -28,6 +28,9 @@ Addresses (`replica_address`): replica i listens on host:(port + i), or with `sp
 tcp://<replica host>:(kv_events_port_base + i) (+0 with `spread_hosts`; base 0 picks a free
 port), replay to kv_events_replay_port_base + i likewise; an explicit `kv_events_endpoint` /
 `kv_events_replay_endpoint` applies to a single replica. Topic: kv@<host:port>@<model>.
+
+With a KV connector (`kv_connector`), a generation's `kv_transfer_params` are honoured and its
+answer carries vLLM's `kv_transfer_params` field (`prefix_epp_sim.kv_transfer`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from prefix_epp_sim.config import SimConfig
 from prefix_epp_sim.embeddings import embeddings_body, parse_embeddings
 from prefix_epp_sim.engine import Engine, SimRequest
 from prefix_epp_sim.kv_publisher import KVEventPublisher
+from prefix_epp_sim.kv_transfer import KVTransfer
 from prefix_epp_sim.kvcache import KVCache, KVEvent
 from prefix_epp_sim.openai_api import (
     Answer,
@@ -134,6 +138,7 @@ class Replica:
         self.registry = build_registry(self.engine, config.model_names[0], config.metrics_surface,
                                        started_at=lambda: self.started_at)
         self.responses = ResponseStore()
+        self.kv_transfer = KVTransfer(config, lambda: self.address)
         self.failures = 0
         self._zmq_ctx = zmq_ctx
         self._rng = random.Random(f"{config.seed}:{index}")
@@ -321,18 +326,28 @@ class Replica:
     async def generate(self, request: web.Request, gen: Generation, answer: Answer | None = None) -> web.StreamResponse:
         """Serve a parsed request, written by `answer` (default: the completions/chat one): queued
         on the engine before the first await (the clairvoyant front, `prefix_epp_sim.clairvoyant`,
-        relies on that), then answered on `request`."""
+        relies on that; a shared-storage KV connector looks its blocks up first), then answered on
+        `request`."""
         self._check_ready()
         self._maybe_fail()
         answer = answer or ChatAnswer(gen)
         req = SimRequest(gen.prompt_tokens, gen.max_tokens, gen.stream, gen.lora)
+        remote_decode = False
+        if self.config.kv_connector:  # what a KV connector loads for it (prefix_epp_sim.kv_transfer)
+            self.engine.hash_prompt(req)
+            remote_decode = await self.kv_transfer.prepare(req, gen.kv_transfer_params)
         self.engine.submit(req)
         try:
             if gen.stream:
                 return await self._stream(request, req, answer)
             await req.done.wait()
             text = self.engine.filler.text(0, req.generated)
-            return _json(answer.body(text, req.generated, req.cached_tokens))
+            body = answer.body(text, req.generated, req.cached_tokens)
+            if self.config.kv_connector:
+                await self.kv_transfer.finish(req)
+                body["kv_transfer_params"] = (self.kv_transfer.answer_params(req, str(body.get("id", "")))
+                                              if remote_decode else None)
+            return _json(body)
         finally:
             self.engine.abort(req)  # no-op once finished; frees the blocks of a vanished client
 
@@ -354,6 +369,7 @@ class Replica:
                 sent = generated
             if req.finished:
                 break
+        await self.kv_transfer.finish(req)
         await response.write(answer.closing(sent, req.cached_tokens))
         await response.write_eof()
         return response

@@ -10,6 +10,8 @@ Exposed (labels `model_name=<first served name>` unless noted):
               vllm:lora_requests_info{running_lora_adapters, waiting_lora_adapters, max_lora}
                 = scrape time (unix seconds; GIE reads the newest series)
   counters    vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total (tokens),
+              vllm:external_prefix_cache_queries_total, vllm:external_prefix_cache_hits_total (tokens;
+              with a KV connector only, `prefix_epp_sim.kv_transfer`),
               vllm:prompt_tokens_total, vllm:generation_tokens_total,
               vllm:request_success_total{finished_reason="length"}, vllm:num_preemptions_total
   histograms  vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds,
@@ -131,6 +133,12 @@ class SimCollector:
                       "Prefix cache queries, in terms of number of queried tokens.", stats.prefix_queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                       stats.prefix_hits)
+        if cfg.kv_connector:  # vLLM's connector counters (prefix_epp_sim.kv_transfer)
+            yield counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector "
+                          "cross-instance cache sharing, in terms of number of queried tokens.",
+                          stats.external_queries)
+            yield counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector "
+                          "cross-instance cache sharing, in terms of number of cached tokens.", stats.external_hits)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
                       stats.generation_tokens)

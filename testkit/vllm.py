@@ -28,6 +28,8 @@ exchange does not wait for a core an engine holds. `Engine.extra_args` go after 
 internal balancer: one HTTP port, N engine processes, one core each; the header `X-data-parallel-rank: r`
 pins a request to rank r), whose rank r publishes on `events_port + r` and replays on
 `replay_port + r`; `rank_ports` gives each rank a port of its own, as a pool's targetPorts list them.
+`engines(..., engine_args=[kv_transfer_args("kv_producer", d), kv_transfer_args("kv_consumer", d)])`
+starts a prefill/decode pair over vLLM's ExampleConnector on the directory d.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +200,18 @@ class Engine:
         return metric_total(self.get("/metrics"), name)
 
 
+def kv_transfer_args(role: str, shared: Path) -> tuple[str, ...]:
+    """`vllm serve` flags of one side of a prefill/decode pair over vLLM's ExampleConnector: `role`
+    kv_producer or kv_consumer, both on the directory `shared`. Chunked prefill breaks the pair on
+    the CPU build (a consumer loading a prompt longer than one chunk died with "shape mismatch:
+    value tensor of shape [2048, 2, 128] cannot be broadcast to indexing result of shape
+    [4160, 2, 128]"), so each engine takes a whole prompt in one step: --max-num-batched-tokens
+    8192, the rig's --max-model-len."""
+    config = {"kv_connector": "ExampleConnector", "kv_role": role,
+              "kv_connector_extra_config": {"shared_storage_path": str(shared)}}
+    return ("--kv-transfer-config", json.dumps(config), "--max-num-batched-tokens", str(MAX_MODEL_LEN))
+
+
 def metric_total(exposition: bytes, name: str) -> float:
     """Sum of the samples of `name` in a Prometheus exposition, read as the picker's scraper reads it."""
     return sum(value for _, value in samples(exposition, name.encode(), want_labels=False))
@@ -205,11 +219,13 @@ def metric_total(exposition: bytes, name: str) -> float:
 
 @contextlib.contextmanager
 def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: int = 0,
-            extra_args: tuple[str, ...] = (), dp_size: int = 1) -> Iterator[list[Engine]]:
+            extra_args: tuple[str, ...] = (), dp_size: int = 1,
+            engine_args: Sequence[tuple[str, ...]] = ()) -> Iterator[list[Engine]]:
     """n engines started side by side, healthy on entry, stopped on exit, serving the model as
     `served_model_name` (the tests' MODEL_NAME; the benchmark's requests name another), at
-    niceness `nice` (module docstring), each with `extra_args` (`Engine.extra_args`) and
-    `dp_size` data-parallel ranks."""
+    niceness `nice` (module docstring), each with `extra_args` (`Engine.extra_args`), then the i-th
+    with `engine_args[i]` (a prefill/decode pair's roles: `kv_transfer_args`), and `dp_size`
+    data-parallel ranks."""
     env = ensure()
     cores = os.cpu_count() or 1
     out = []
@@ -224,7 +240,8 @@ def engines(tmp: Path, n: int = 2, served_model_name: str = MODEL_NAME, nice: in
         workdir = tmp / f"vllm{i}"
         workdir.mkdir(parents=True, exist_ok=True)
         out.append(Engine(env, f"127.0.0.{i + 2}", port, events, replay, workdir, core=i * dp_size % cores,
-                          served_model_name=served_model_name, nice=nice, extra_args=extra_args,
+                          served_model_name=served_model_name, nice=nice,
+                          extra_args=(*extra_args, *(engine_args[i] if i < len(engine_args) else ())),
                           dp_size=dp_size))
     try:
         for engine in out:

@@ -1,10 +1,11 @@
 """Defaults live in one place: no function of the product keeps a keyword default of its own that
 repeats a configured value.
 
-A value configured in extproc/config/settings.py (EppConfig and its sections) or in
-prefix_epp_sim/config.py (SimConfig) must reach a constructor or function from the config: the
-parameter is required (the wiring in extproc/runtime/app.py, extproc/scheduling/build.py or the
-simulator's server passes the configured value) or defaults to the config field itself
+A value configured in extproc/config/settings.py (EppConfig and its sections), in
+extproc/config/sidecar.py (SidecarConfig) or in prefix_epp_sim/config.py (SimConfig) must reach a
+constructor or function from the config: the parameter is required (the wiring in
+extproc/runtime/app.py, extproc/scheduling/build.py or the simulator's server passes the
+configured value) or defaults to the config field itself
 (`KVEventsConfig().speculative_ttl_s`). A literal such as `max_blocks: int = 256` is what this test
 refuses. Only distinctive numbers count (0 and 1 are everybody's defaults).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.config import settings
+from extproc.config.sidecar import SidecarConfig
 from prefix_epp_sim.config import SimConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +67,8 @@ def twins(top: str, configured: set[float]) -> list[str]:
 
 
 def test_no_product_signature_repeats_a_configured_value() -> None:
-    configured = configured_numbers(settings.EppConfig) | configured_numbers(settings.ProxyTrafficConfig)
+    configured = (configured_numbers(settings.EppConfig) | configured_numbers(settings.ProxyTrafficConfig)
+                  | configured_numbers(SidecarConfig))
     bad = twins("extproc", configured)
     assert not bad, ("these defaults repeat a value of extproc/config/settings.py; make the parameter "
                      "required or default it to the config field:\n" + "\n".join(bad))

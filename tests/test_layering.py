@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("control",),
     ("telemetry",),
     ("transport",),
-    ("runtime", "simulator"),
+    ("runtime", "simulator", "sidecar"),
     ("commands",),
 )
 LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}

@@ -29,7 +29,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from extproc.commands import envoy_config, serve
+    from extproc.commands import envoy_config, serve, sidecar
     from prefix_epp_sim import cli as sim_cli
 
     parser = Parser(
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")  # sub-parsers are Parsers too
     serve.add_parser(sub)
     envoy_config.add_parser(sub)
+    sidecar.add_parser(sub)
     sim_cli.add_parser(sub)
     return parser
 
