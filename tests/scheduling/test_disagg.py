@@ -179,4 +179,4 @@ def test_without_a_pd_handler_roles_change_nothing() -> None:
         sched = build_scheduler(CFG, PrefixIndex(CFG.prefix.lru_capacity_per_server))
         assert sched.prefill is None
         d = sched.schedule(request(LONG), ds.snapshot())
-        assert d.pd == "" and d.prefill is None and "pd=" not in d.explain()
+        assert d.pd == "" and d.prefill is None and "; pd=" not in d.explain()
