@@ -97,7 +97,7 @@ def request(prompt: bytes, rid: str = "r") -> SchedulingRequest:
     return SchedulingRequest(rid, "m", block_hashes=hashes, prompt_bytes=len(prompt))
 
 
-LONG = b"a long shared system prompt, " * 40  # 1,160 bytes: ~290 tokens, 18 full blocks
+LONG = b"a long shared system prompt, " * 40  # 1,160 bytes: ~290 tokens, 19 blocks (the last partial)
 SHORT = b"hi there"
 
 
@@ -111,16 +111,16 @@ def test_decode_first_then_the_prefill_pick_among_prefill_endpoints_both_recorde
     assert d.prefill is not None and d.prefill.primary.spec.role == "prefill"
     assert d.prefiller == d.prefill.primary.key
     held = sched.index.match(req.block_hashes, [ep.key for ep in ds.snapshot()])  # type: ignore[union-attr]
-    assert held == {d.primary.key: 18, d.prefill.primary.key: 18}  # the prompt recorded for both
+    assert held == {d.primary.key: 19, d.prefill.primary.key: 19}  # the prompt recorded for both
     explained = d.explain()
-    assert f"endpoint={d.primary.key}" in explained and f"prefill={d.prefiller} (matched=0/18" in explained
+    assert f"endpoint={d.primary.key}" in explained and f"prefill={d.prefiller} (matched=0/19" in explained
     assert "pd=disaggregated; uncached_tokens=290" in explained
 
     # The same prompt again: the decode endpoint that holds it is chosen again, and its cache
-    # leaves nothing worth a prefill elsewhere (the last partial block's 8 bytes: 2 tokens < 48).
+    # leaves nothing to prefill elsewhere.
     again = sched.schedule(request(LONG, "r2"), ds.snapshot())
     assert again.primary is d.primary and again.pd == "decode-only" and again.prefill is None
-    assert again.prefiller is None and again.uncached_tokens == 2
+    assert again.prefiller is None and again.uncached_tokens == 0
     assert "pd=decode-only" in again.explain() and "prefill=" not in again.explain()
     # A short prompt is never worth it.
     short = sched.schedule(request(SHORT, "r3"), ds.snapshot())
