@@ -19,7 +19,9 @@ Routes (vLLM's):
   GET  /v1/models, /health, /metrics           (/metrics: `vllm_metrics`, with
                                                  process_start_time_seconds = the replica's start)
 Every response carries `x-served-by: <host:port>` (with a wildcard bind address, the `POD_IP`
-environment variable names the host). Until `startup_delay` seconds have passed, /health and
+environment variable names the host), and `x-echo-prefiller-host-port` with the value of the
+request's `x-prefiller-host-port` when it had one (the picker's prefill endpoint for a
+disaggregated request), so tests see what reached the engine. Until `startup_delay` seconds have passed, /health and
 the inference routes answer 503. With `failure_rate` f, a fraction f of well-formed inference
 requests is answered 500 before it is queued (the draw uses `random.Random(f"{seed}:{index}")`).
 
@@ -72,6 +74,8 @@ from prefix_epp_sim.responses_api import ResponseAnswer, ResponseStore
 from prefix_epp_sim.shapes import as_chat
 from prefix_epp_sim.vllm_metrics import CONTENT_TYPE, build_registry, render
 
+PREFILLER_HEADER = "x-prefiller-host-port"  # llm-d's P/D header (extproc/transport/responses.py)
+ECHOED_PREFILLER_HEADER = "x-echo-prefiller-host-port"
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -232,6 +236,9 @@ class Replica:
 
     async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-served-by"] = self.address
+        prefiller = request.headers.get(PREFILLER_HEADER)
+        if prefiller is not None:
+            response.headers[ECHOED_PREFILLER_HEADER] = prefiller
 
     def _on_kv_event(self, event: KVEvent) -> None:
         if self.publisher is not None:

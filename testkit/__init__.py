@@ -24,6 +24,7 @@ never `tests` or `bench` (tests/test_layering.py holds this). A module per conce
 | `sync` | peer-sync replicas for the sync tests (a datastore that knows the pool, a replica per port) |
 | `netpol` | which connections NetworkPolicies admit, by the Kubernetes rules (ingress only) |
 | `kvevents` | simulated replicas publishing KV events, a running manager, event batches |
+| `pd` | prefill/decode disaggregation: an EndpointPickerConfig in llm-d's form |
 | `kube` | a fake Kubernetes API (kmock's emulator) and the pool, pod and objective objects |
 | `kubeapi` | a real etcd + kube-apiserver built from source (`bench/peers/build.sh kube`) |
 | `helm` | offline helm, kubectl and shellcheck binaries; `Helm` renders the chart |

@@ -64,10 +64,10 @@ SNI and requires it among the certificate's DNS (or, for an IP, IP) subject alte
 picker that requires one (`prefix-epp serve --client-ca-file`, mutual TLS).
 
 Client-set control headers (`--strip-control-headers`, on by default): the HTTP connection
-manager removes `test-epp-endpoint-selection` and the `x-gateway-destination-endpoint*` headers
-from every request before any filter runs (an early header mutation), so the picker never sees a
-client's value for them. A route's `request_headers_to_remove` would not do: the router applies it
-after ext_proc has already read the headers.
+manager removes `test-epp-endpoint-selection`, the `x-gateway-destination-endpoint*` headers and
+`x-prefiller-host-port` from every request before any filter runs (an early header mutation), so
+the picker never sees a client's value for them. A route's `request_headers_to_remove` would not
+do: the router applies it after ext_proc has already read the headers.
 
 Envoy never reads the `x-gateway-destination-endpoint` request
 header for routing, so a client that forges it steers nothing, even while the picker is down.
@@ -100,12 +100,14 @@ from extproc.config.settings import EppConfig, ProxyTrafficConfig
 from extproc.config.values import endpoint_list, parse_bool
 from extproc.core.datastore import split_host_port
 from extproc.transport.health import EXT_PROC_SERVICE
-from extproc.transport.responses import DESTINATION_HEADER, LB_NAMESPACE, SERVED_HEADER
+from extproc.transport.responses import DESTINATION_HEADER, LB_NAMESPACE, PREFILLER_HEADER, SERVED_HEADER
 
 _TYPE = "@type"
-# Request headers a client must not set: the conformance test's endpoint selection and the
-# Endpoint Picker Protocol's destination headers, which only the picker (or Envoy) writes.
-CONTROL_HEADERS = ("test-epp-endpoint-selection", DESTINATION_HEADER, f"{DESTINATION_HEADER}-subset", SERVED_HEADER)
+# Request headers a client must not set: the conformance test's endpoint selection, the
+# Endpoint Picker Protocol's destination headers, which only the picker (or Envoy) writes, and the
+# P/D prefill endpoint the decode pod's sidecar obeys (also when the picker fails open).
+CONTROL_HEADERS = ("test-epp-endpoint-selection", DESTINATION_HEADER, f"{DESTINATION_HEADER}-subset", SERVED_HEADER,
+                   PREFILLER_HEADER)
 # --graceful-ext-proc-close: Envoy ends an ext_proc stream whose work is done with a half-close and
 # waits for the picker to close it, instead of resetting it (module docstring: off by default).
 GRACEFUL_EXT_PROC_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}

@@ -94,6 +94,13 @@ def validate(config: EppConfig) -> None:
     problems = check(config)  # the flags as given: name the flag even if the config file would change it
     if problems:
         raise StartupError("; ".join(problems))
+    if config.endpoint_roles:
+        from extproc.discovery.static import parse_endpoints
+
+        try:
+            parse_endpoints(config.endpoints, config.endpoint_roles)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
     _validate_ha(config)
     try:
         if config.pool_name:

@@ -18,6 +18,7 @@ from extproc.config.values import (
     comma_list,
     duration,
     endpoint_list,
+    endpoint_roles,
     format_duration,
     header_name,
     parse_bool,
@@ -61,6 +62,8 @@ HEADER = Kind("header name", header_name, str, "NAME")  # stripped and lower-cas
 LIST = Kind("comma list", comma_list, tuple[str, ...], show=_show_list)  # items stripped, empties dropped
 # IP:port items (values.endpoint_list): a host name, URL, empty item or bad port is refused by name.
 ENDPOINTS = Kind("endpoint list", endpoint_list, tuple[str, ...], "IP:PORT,...", show=_show_list)
+# IP:port=ROLE items (values.endpoint_roles): a bad address or an unknown role is refused by name.
+ROLES = Kind("endpoint roles", endpoint_roles, tuple[str, ...], "IP:PORT=ROLE,...", show=_show_list)
 
 def check_tier_weights(pairs: list[tuple[str, float]], where: str) -> tuple[tuple[str, float], ...]:
     """KV cache tier weights: known tier names (settings.KV_TIERS), each once, weights in [0, 1], GPU above 0."""

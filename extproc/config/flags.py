@@ -36,6 +36,7 @@ from extproc.config.flag_kinds import (
     HEADER,
     INT,
     LIST,
+    ROLES,
     TEXT,
     TIER_WEIGHTS,
     Flag,
@@ -47,8 +48,9 @@ from extproc.config.flag_kinds import (
 )
 from extproc.config.settings import ABLATIONS, NEW_PREFIX_PLACEMENTS, SCHEDULERS, EppConfig
 
-__all__ = ["BOOL", "DURATION", "ENDPOINTS", "FLAGS", "FLOAT", "HEADER", "INT", "LIST", "TEXT", "TIER_WEIGHTS", "Flag",
-           "Kind", "Range", "add_arguments", "choice", "config_from_args", "render_markdown", "value_at", "with_value"]
+__all__ = ["BOOL", "DURATION", "ENDPOINTS", "FLAGS", "FLOAT", "HEADER", "INT", "LIST", "ROLES", "TEXT",
+           "TIER_WEIGHTS", "Flag", "Kind", "Range", "add_arguments", "choice", "config_from_args",
+           "render_markdown", "value_at", "with_value"]
 
 
 SERVING = "serving"
@@ -90,6 +92,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--endpoints", "endpoints", ENDPOINTS, DISCOVERY,
          "static endpoints IP:port[@tcp://events[@tcp://replay]],... instead of a pool; IPv6 as [::1]:8000, "
          "no host names (the gateway routes by address)", first=True),
+    Flag("--endpoint-roles", "endpoint_roles", ROLES, DISCOVERY,
+         "prefill/decode roles of static endpoints, as pods' llm-d.ai/role label gives them: prefill, decode, "
+         "prefill-decode (both stages; both is its old name); unnamed endpoints are unlabelled (decode); "
+         "only an EndpointPickerConfig with disagg-profile-handler reads them (docs/scheduling.md)"),
     Flag("--pool-name", "pool_name", TEXT, DISCOVERY, "InferencePool to serve", first=True),
     Flag("--pool-namespace", "pool_namespace", TEXT, DISCOVERY, "its namespace (else env NAMESPACE, else default)",
          first=True),

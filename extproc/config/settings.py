@@ -183,6 +183,22 @@ class DiscoveryConfig:
     objective_recheck_interval_s: float = 60.0  # probe again for a missing InferenceObjective CRD
 
 
+# Prefill/decode roles of an endpoint (llm-d's pod label `llm-d.ai/role`, static endpoints'
+# --endpoint-roles): prefill-decode serves both stages, `both` is its deprecated alias.
+ENDPOINT_ROLES = ("prefill", "decode", "prefill-decode", "both")
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    """Prefill/decode disaggregation (extproc/scheduling/disagg.py): only with an EndpointPickerConfig
+    whose disagg-profile-handler names a prefill decider; these are prefix-based-pd-decider's parameters."""
+
+    # Disaggregate when at least this many prompt tokens are not cached on the chosen decode
+    # endpoint; 0: never (llm-d's default, which turns the decider off).
+    non_cached_tokens: int = 0
+    prompt_tokens: int = 0  # ... and the prompt has at least this many tokens (0: no such gate)
+
+
 # KV cache tiers an engine reports blocks on (vLLM's `medium` GPU, CPU, STORAGE), fastest first.
 KV_TIERS = ("gpu", "cpu", "storage")
 
@@ -325,6 +341,9 @@ class EppConfig:
     cert_path: str = ""
     client_ca_file: str = ""  # --client-ca-file: require a client certificate signed by this CA
     endpoints: tuple[str, ...] = ()
+    # --endpoint-roles IP:PORT=ROLE,...: the prefill/decode role of static endpoints (ENDPOINT_ROLES);
+    # an endpoint not named is unlabelled (a decode endpoint, as llm-d counts it).
+    endpoint_roles: tuple[str, ...] = ()
     pool_name: str = ""
     pool_namespace: str = ""
     pool_group: str = "inference.networking.k8s.io"
@@ -390,6 +409,7 @@ class EppConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
     workers: int = 1  # --workers: picker processes sharing the ext_proc port (extproc/runtime/workers.py)
     seed: int | None = None
     # Model names that keep their own metric label (besides those the engines report); any other

@@ -9,6 +9,8 @@
 - `ip_port`: a model-server endpoint, `IP:port` or `[IPv6]:port`: the gateway routes each request
   to the picked endpoint's address (ORIGINAL_DST, override_host), so a host name, a URL or a
   missing port would start cleanly and then fail every request; refused with what to write instead.
+- `endpoint_roles`: the `--endpoint-roles` flag, comma separated `IP:port=ROLE` items (ROLE one of
+  settings.ENDPOINT_ROLES).
 - `endpoint_list`: the `--endpoints` flag (`prefix-epp serve`, `prefix-epp envoy-config`), comma
   separated `IP:port` items, each optionally followed by `@tcp://events[@tcp://replay]`.
 
@@ -184,6 +186,28 @@ def endpoint_list(value: str) -> tuple[str, ...]:
                                              "commas, e.g. 127.0.0.1:8001,127.0.0.1:8002")
         try:
             endpoint(item)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return items
+
+
+def endpoint_role(item: str) -> tuple[str, str]:
+    """(endpoint key as `ip_port` normalises it, role) of one `--endpoint-roles` item `IP:port=ROLE`."""
+    from extproc.config.settings import ENDPOINT_ROLES
+
+    address, sep, role = item.strip().partition("=")
+    if not sep or role.strip() not in ENDPOINT_ROLES:
+        raise ValueError(f"{item!r}: write IP:PORT=ROLE with ROLE one of {', '.join(ENDPOINT_ROLES)}")
+    host, port = ip_port(address)
+    return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), role.strip()
+
+
+def endpoint_roles(value: str) -> tuple[str, ...]:
+    """The `--endpoint-roles` flag: its items stripped, each checked by `endpoint_role`; "" is none."""
+    items = tuple(item.strip() for item in value.split(",") if item.strip())
+    for item in items:
+        try:
+            endpoint_role(item)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     return items

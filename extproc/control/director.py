@@ -11,7 +11,8 @@ route(ctx):
 5. Hash the prompt into prefix blocks and its affinity hint, if any (`prompt_cache_key`, else the
    session header: extproc/control/affinity.py), and, with KV events on, tokenize it
    (extproc/tokenization/) into token-block keys for the precise index; then run the scheduler.
-6. Count the request in flight on the chosen endpoint until `complete()`; if the proxy reports
+6. Count the request in flight on the chosen endpoint (and, disaggregated, on its prefill
+   endpoint: extproc/scheduling/disagg.py) until `complete()`; if the proxy reports
    (x-gateway-destination-endpoint-served) that a fallback served it, `served_by` moves the
    count and the prefix-index record to that endpoint.
 
@@ -215,6 +216,8 @@ class Director:
             self.admission(request, candidates)
         decision = self.scheduler.schedule(request, candidates)
         self.datastore.acquire(decision.primary.key)
+        if decision.prefill is not None:  # its prefill's work, until the response ends
+            self.datastore.acquire(decision.prefill.primary.key)
         if held is not None and request.token_keys and self.scheduler.precise is not None:
             self._finish_keys_later(parsed, held, decision.primary.key, request.prompt_bytes)
         return decision
@@ -243,6 +246,8 @@ class Director:
         the endpoint's ejection and teaches the scheduler nothing), or is unknown (None: the
         stream ended before a response, e.g. the client went away)."""
         self.datastore.release(ep)
+        if decision is not None and decision.prefill is not None:
+            self.datastore.release(decision.prefill.primary)
         if ok is not None and self.rotation is not None:
             self.rotation.outcome(ep, ok)
         if decision is not None:

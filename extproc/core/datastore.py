@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 
 from extproc.core.changes import Changes
 
+# llm-d's pod label for prefill/decode disaggregation: prefill, decode, prefill-decode (both: its
+# deprecated alias; settings.ENDPOINT_ROLES); read by the role filters (extproc/scheduling/filters/roles.py).
+ROLE_LABEL = "llm-d.ai/role"
+
 
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
@@ -48,6 +52,15 @@ class EndpointSpec:
     @property
     def key(self) -> str:
         return join_host_port(self.address, self.port)
+
+    @property
+    def role(self) -> str:
+        """Its prefill/decode role: the pod label `llm-d.ai/role` (static endpoints: --endpoint-roles);
+        "" when unlabelled."""
+        for k, v in self.labels:
+            if k == ROLE_LABEL:
+                return v
+        return ""
 
 
 def join_host_port(host: str, port: int) -> str:

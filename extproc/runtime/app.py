@@ -113,7 +113,7 @@ class App:
         self.index = PrefixIndex(cfg.prefix.lru_capacity_per_server)
         self.datastore.on_removed(self._forget)
         self.datastore.on_restarted(lambda ep: self.index.clear_endpoint(ep.key))
-        scorer_types = [t for t, _ in (self.profile or default_profile(cfg)).scorers]
+        scorer_types = (self.profile or default_profile(cfg)).scorer_types()
         if kv_events_wanted(cfg.kv_events, scorer_types):
             self.kv_events = KVEventsManager(cfg.kv_events, self.datastore)
             self.tokenizer = make_tokenizer(cfg.kv_events.tokenizer, self.datastore, cfg.kv_events.tokenize_timeout_s)
@@ -206,7 +206,7 @@ class App:
     async def start(self) -> None:
         cfg = self.config
         if cfg.endpoints:
-            load_static(self.datastore, cfg.endpoints)
+            load_static(self.datastore, cfg.endpoints, cfg.endpoint_roles)
         if self.discovery is not None:
             self._supervise("discovery", self.discovery.run)
         if self.scraper is not None:

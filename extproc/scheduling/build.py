@@ -53,6 +53,10 @@ i.e. the least loaded endpoint (by the picker's own in-flight counts) while load
 else the longest prefix match if it covers more than --cache-threshold of the prompt, else the
 least loaded.
 
+Prefill/decode disaggregation (an EndpointPickerConfig with disagg-profile-handler): the decode
+profile is the Profile, its `prefill` the prefill profile and `decider` the decider's type; the
+prefill profile gets its own scheduler (extproc/scheduling/disagg.py).
+
 Registries map each plugin type to a factory: FILTERS, SCORERS, PICKERS. The config loader
 (extproc/scheduling/config_loader.py) validates profiles against them.
 """
@@ -66,6 +70,9 @@ from dataclasses import dataclass
 
 from extproc.config.settings import SCHEDULERS, EppConfig
 from extproc.prefix.index import PrefixIndex
+from extproc.scheduling.deciders import ALWAYS, DECIDERS, PREFIX_BASED, AlwaysDecider, Decider, PrefixBasedDecider
+from extproc.scheduling.disagg import PrefillStage
+from extproc.scheduling.filters.roles import decode_filter, prefill_filter
 from extproc.scheduling.filters.spill import SpillFilter
 from extproc.scheduling.interfaces import Filter, Picker, PreciseSource, Scorer
 from extproc.scheduling.picker import MaxScorePicker
@@ -86,17 +93,26 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True)
 class Profile:
-    """One scheduling profile: plugin types in order, scorer weights, the picker type."""
+    """One scheduling profile: plugin types in order, scorer weights, the picker type; with
+    prefill/decode disaggregation this is the decode profile, and `prefill` the prefill one."""
 
     name: str
     filters: tuple[str, ...]
     scorers: tuple[tuple[str, float], ...]
     picker: str = "max-score-picker"
+    prefill: Profile | None = None  # P/D: the prefill profile (extproc/scheduling/disagg.py)
+    decider: str = ""  # P/D: the prefill decider's type (extproc/scheduling/deciders.py)
+
+    def scorer_types(self) -> list[str]:
+        """Every scorer type that runs, the prefill profile's included."""
+        return [t for t, _ in self.scorers] + (self.prefill.scorer_types() if self.prefill is not None else [])
 
 
 FILTERS: dict[str, Callable[[EppConfig, Clock], Filter]] = {
     "hot-spot-spill-filter": lambda c, _clock: SpillFilter(c.spill.relative, c.spill.absolute),
     "utilization-detector": lambda c, clock: UtilizationDetector(c.saturation, clock),
+    "prefill-filter": lambda _c, _clock: prefill_filter(),
+    "decode-filter": lambda _c, _clock: decode_filter(),
 }
 SCORERS: dict[str, Callable[[EppConfig, Clock], Scorer]] = {
     "prefix-cache-scorer": lambda _c, _clock: PrefixScorer(),
@@ -133,22 +149,38 @@ def default_profile(config: EppConfig) -> Profile:
 
 
 def build_scheduler(config: EppConfig, index: PrefixIndex, profile: Profile | None = None,
-                    clock: Clock = time.monotonic, precise: PreciseSource | None = None) -> Scheduler:
+                    clock: Clock = time.monotonic, precise: PreciseSource | None = None,
+                    max_endpoints: int | None = None) -> Scheduler:
+    """The profile's scheduler (the default profile's without one); with a prefill profile, its own
+    scheduler (one endpoint) and the decider run after each pick (extproc/scheduling/disagg.py)."""
     p = profile or default_profile(config)
     scorers = [WeightedScorer(SCORERS[t](config, clock), w) for t, w in p.scorers]
     for ws in scorers:
         if isinstance(ws.scorer, PredictedTtftScorer):
             ws.scorer.bind_index(index)  # fullness of each endpoint's cache
-    return Scheduler(
+    scheduler = Scheduler(
         filters=[FILTERS[t](config, clock) for t in p.filters],
         scorers=scorers,
         picker=PICKERS[p.picker](config, clock),
         index=index,
-        max_endpoints=config.max_endpoints,
+        max_endpoints=config.max_endpoints if max_endpoints is None else max_endpoints,
         precise=precise,
         shortlist=Shortlist(config.max_scored_endpoints, random.Random(config.seed)),
         pin="pins" not in config.latency.ablate,
     )
+    if p.prefill is not None:
+        prefill = build_scheduler(config, index, p.prefill, clock, precise, max_endpoints=1)
+        scheduler.prefill = PrefillStage(prefill, make_decider(config, p.decider))
+    return scheduler
+
+
+def make_decider(config: EppConfig, decider: str) -> Decider:
+    block, per_token = config.prefix.block_size_bytes, config.prefix.bytes_per_token
+    if decider == ALWAYS:
+        return AlwaysDecider(block, per_token)
+    if decider != PREFIX_BASED:
+        raise ValueError(f"unknown P/D decider {decider!r}; choose from {', '.join(DECIDERS)}")
+    return PrefixBasedDecider(config.disagg, block, per_token)
 
 
 def default_scheduler(config: EppConfig, index: PrefixIndex) -> Scheduler:

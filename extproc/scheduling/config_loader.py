@@ -5,7 +5,8 @@ Accepted shape (apiVersion `inference.networking.x-k8s.io/v1alpha1`, `llm-d.ai/v
 parameter, profile entry key or reference is a `ConfigError` naming it.
 
     plugins: [{type, name (defaults to type), parameters}]
-    schedulingProfiles: [{name, plugins: [{pluginRef, weight}]}]   # one profile
+    schedulingProfiles: [{name, plugins: [{pluginRef, weight}]}]   # one profile; decode and
+                                                                   # prefill with a P/D handler
     saturationDetector: {pluginRef} | {queueDepthThreshold, kvCacheUtilThreshold, metricsStalenessThreshold}
     dataLayer: {sources: [{pluginRef, extractors: [{pluginRef}]}]}
     parser: {pluginRef}
@@ -31,6 +32,13 @@ Plugin types and parameters (every default comes from EppConfig, i.e. from the C
 | metrics-data-source | data source | scheme (http/https), path, insecureSkipVerify -> metrics_source |
 | core-metrics-extractor | extractor | engineLabelKey (the Go default only), defaultEngine (vllm only): |
 | | | every pod is scraped with vLLM's metric names |
+| approx-prefix-cache-producer | data producer | blockSizeTokens, maxPrefixTokensToMatch (/ block -> |
+| | | prefix.max_prefix_blocks), lruCapacityPerServer, autoTune -> prefix |
+| prefill-filter, decode-filter | filter | - (the llm-d.ai/role label: extproc/scheduling/filters/roles.py) |
+| prefix-based-pd-decider | P/D decider | nonCachedTokens, promptTokens -> disagg |
+| always-disagg-pd-decider | P/D decider | - |
+| disagg-profile-handler, pd-profile-handler | P/D profile handler | profiles, deciders (extproc/scheduling/ |
+| | | pd_config.py): profiles `decode` and `prefill`, decode first (extproc/scheduling/disagg.py) |
 | single-profile-handler, openai-parser | accepted | - |
 | global-strict-fairness-policy, round-robin-fairness-policy, fcfs-ordering-policy | flow control | - |
 | concurrency-detector | flow control detector | maxConcurrency, concurrencyMode (requests), headroom |
@@ -44,19 +52,33 @@ filter, scorer or picker at all -> the default profile (extproc/scheduling/build
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from extproc.config.flag_kinds import check_tier_weights
 from extproc.config.flow_control import FEATURE_GATE as FLOW_CONTROL_GATE
 from extproc.config.flow_control import parse_flow_control
 from extproc.config.settings import NEW_PREFIX_PLACEMENTS, EppConfig
 from extproc.config.values import ConfigError, mapping, parse_duration
 from extproc.scheduling.build import FILTERS, PICKERS, SCORERS, Profile
+from extproc.scheduling.config_params import (
+    APPLIED_LAST,
+    Param,
+    at_least,
+    block_tokens,
+    boolean,
+    concurrency,
+    default_engine,
+    number,
+    one_of,
+    prefix_tokens,
+    set_field,
+    tier_weights,
+    url_path,
+)
+from extproc.scheduling.pd_config import DISAGG, HANDLERS, PD, parse_handler
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1", "llm-d.ai/v1")
 TOP_LEVEL = ("apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "saturationDetector",
@@ -65,148 +87,80 @@ FEATURE_GATES = ("dataLayer", FLOW_CONTROL_GATE)
 ENGINE_LABEL_KEY = "inference.networking.k8s.io/engine-type"
 
 
-Apply = Callable[[EppConfig, Any], EppConfig]
-Convert = Callable[[Any, str], Any]
-
-
-@dataclass(frozen=True)
-class Param:
-    convert: Convert
-    apply: Apply
-
-
-def _int(lo: int) -> Convert:
-    def conv(v: Any, where: str) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ConfigError(f"{where}: expected an integer >= {lo}, got {v!r}")
-        return v
-    return conv
-
-
-def _num(lo: float, hi: float = float("inf"), lo_open: bool = False) -> Convert:
-    def conv(v: Any, where: str) -> float:
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and (v > lo if lo_open else v >= lo) and v <= hi
-        if not ok:
-            raise ConfigError(f"{where}: expected a number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
-        return float(v)
-    return conv
-
-
-def _bool(v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(f"{where}: expected true or false, got {v!r}")
-    return v
-
-
-def _choice(*choices: str) -> Convert:
-    def conv(v: Any, where: str) -> str:
-        if v not in choices:
-            raise ConfigError(f"{where}: expected one of {list(choices)}, got {v!r}")
-        return str(v)
-    return conv
-
-
-def _path(v: Any, where: str) -> str:
-    if not isinstance(v, str) or not v.startswith("/"):
-        raise ConfigError(f"{where}: expected a URL path starting with '/', got {v!r}")
-    return v
-
-
-def _tier_weights(v: Any, where: str) -> tuple[tuple[str, float], ...]:
-    """llm-d's kvCacheBackendConfigs: a list of {name, weight} (names as its lower-cased media)."""
-    if not isinstance(v, list):
-        raise ConfigError(f"{where}: expected a list of {{name, weight}}, got {v!r}")
-    pairs = []
-    for n, item in enumerate(v):
-        entry = mapping(item, f"{where}[{n}]", ("name", "weight"))
-        name, weight = entry.get("name"), entry.get("weight")
-        if not isinstance(name, str) or isinstance(weight, bool) or not isinstance(weight, int | float):
-            raise ConfigError(f"{where}[{n}]: expected a tier name and a numeric weight, got {item!r}")
-        pairs.append((name.lower(), float(weight)))
-    return check_tier_weights(pairs, where)
-
-
-def _set(section: str, name: str) -> Apply:
-    def apply(cfg: EppConfig, value: Any) -> EppConfig:
-        if not section:
-            return replace(cfg, **{name: value})
-        return replace(cfg, **{section: replace(getattr(cfg, section), **{name: value})})
-    return apply
-
-
-def _block_tokens(cfg: EppConfig, tokens: int) -> EppConfig:
-    return replace(cfg, prefix=replace(cfg.prefix, block_size_bytes=tokens * cfg.prefix.bytes_per_token))
-
-
-def _default_engine(cfg: EppConfig, engine: str) -> EppConfig:
-    return cfg  # validated to be "vllm": the only metric names scraped (extproc/scraping/scraper.py)
-
-
-def _concurrency(name: str) -> Apply:
-    def apply(cfg: EppConfig, value: Any) -> EppConfig:
-        fc = cfg.flow_control
-        return replace(cfg, flow_control=replace(fc, concurrency=replace(fc.concurrency, **{name: value})))
-    return apply
-
-
 _SATURATION_PARAMS = {
-    "queueDepthThreshold": Param(_num(0, lo_open=True), _set("saturation", "queue_depth_threshold")),
-    "kvCacheUtilThreshold": Param(_num(0, 1, lo_open=True), _set("saturation", "kv_cache_util_threshold")),
-    "metricsStalenessThreshold": Param(parse_duration, _set("saturation", "metrics_staleness_threshold_s")),
-    "headroom": Param(_num(0), _set("saturation", "headroom")),
+    "queueDepthThreshold": Param(number(0, lo_open=True), set_field("saturation", "queue_depth_threshold")),
+    "kvCacheUtilThreshold": Param(number(0, 1, lo_open=True), set_field("saturation", "kv_cache_util_threshold")),
+    "metricsStalenessThreshold": Param(parse_duration, set_field("saturation", "metrics_staleness_threshold_s")),
+    "headroom": Param(number(0), set_field("saturation", "headroom")),
 }
 
 PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
     "prefix-cache-scorer": {
-        "blockSizeTokens": Param(_int(1), _block_tokens),
-        "blockSize": Param(_int(1), _set("prefix", "block_size_bytes")),
-        "maxPrefixBlocksToMatch": Param(_int(1), _set("prefix", "max_prefix_blocks")),
-        "lruCapacityPerServer": Param(_int(1), _set("prefix", "lru_capacity_per_server")),
-        "autoTune": Param(_bool, _set("prefix", "auto_tune")),
+        "blockSizeTokens": Param(at_least(1), block_tokens),
+        "blockSize": Param(at_least(1), set_field("prefix", "block_size_bytes")),
+        "maxPrefixBlocksToMatch": Param(at_least(1), set_field("prefix", "max_prefix_blocks")),
+        "lruCapacityPerServer": Param(at_least(1), set_field("prefix", "lru_capacity_per_server")),
+        "autoTune": Param(boolean, set_field("prefix", "auto_tune")),
+    },
+    "approx-prefix-cache-producer": {
+        "blockSizeTokens": Param(at_least(1), block_tokens),
+        "maxPrefixTokensToMatch": Param(at_least(1), prefix_tokens),  # applied after blockSizeTokens
+        "lruCapacityPerServer": Param(at_least(1), set_field("prefix", "lru_capacity_per_server")),
+        "autoTune": Param(boolean, set_field("prefix", "auto_tune")),
     },
     "precise-prefix-cache-scorer": {
-        "blockSize": Param(_int(1), _set("kv_events", "block_size")),
-        "maxPrefixBlocksToMatch": Param(_int(1), _set("kv_events", "max_blocks")),
-        "lruCapacityPerServer": Param(_int(1), _set("kv_events", "index_capacity")),
-        "speculativeTTL": Param(parse_duration, _set("kv_events", "speculative_ttl_s")),
-        "kvCacheBackendConfigs": Param(_tier_weights, _set("kv_events", "tier_weights")),
+        "blockSize": Param(at_least(1), set_field("kv_events", "block_size")),
+        "maxPrefixBlocksToMatch": Param(at_least(1), set_field("kv_events", "max_blocks")),
+        "lruCapacityPerServer": Param(at_least(1), set_field("kv_events", "index_capacity")),
+        "speculativeTTL": Param(parse_duration, set_field("kv_events", "speculative_ttl_s")),
+        "kvCacheBackendConfigs": Param(tier_weights, set_field("kv_events", "tier_weights")),
     },
     "queue-scorer": {},
     "kv-cache-utilization-scorer": {},
     "lora-affinity-scorer": {},
     "inflight-load-scorer": {},
     "predicted-ttft-scorer": {
-        "prefillMsPerToken": Param(_num(0, lo_open=True), _set("latency", "prefill_ms_per_token")),
-        "decodeStepMs": Param(_num(0, lo_open=True), _set("latency", "decode_step_ms")),
-        "evictionWeight": Param(_num(0), _set("latency", "eviction_weight")),
-        "affinityCredit": Param(_num(0), _set("latency", "affinity_credit")),
-        "newPrefixPlacement": Param(_choice(*NEW_PREFIX_PLACEMENTS), _set("latency", "new_prefix_placement")),
-        "calibrate": Param(_bool, _set("latency", "calibrate")),
-        "balanceFactor": Param(_num(0), _set("balance", "factor")),
-        "balanceSlack": Param(_num(0), _set("balance", "slack")),
+        "prefillMsPerToken": Param(number(0, lo_open=True), set_field("latency", "prefill_ms_per_token")),
+        "decodeStepMs": Param(number(0, lo_open=True), set_field("latency", "decode_step_ms")),
+        "evictionWeight": Param(number(0), set_field("latency", "eviction_weight")),
+        "affinityCredit": Param(number(0), set_field("latency", "affinity_credit")),
+        "newPrefixPlacement": Param(one_of(*NEW_PREFIX_PLACEMENTS), set_field("latency", "new_prefix_placement")),
+        "calibrate": Param(boolean, set_field("latency", "calibrate")),
+        "balanceFactor": Param(number(0), set_field("balance", "factor")),
+        "balanceSlack": Param(number(0), set_field("balance", "slack")),
     },
     "cache-aware-scorer": {
-        "cacheThreshold": Param(_num(0, 1), _set("cache_aware", "cache_threshold")),
-        "balanceAbsThreshold": Param(_int(0), _set("cache_aware", "balance_abs")),
-        "balanceRelThreshold": Param(_num(1), _set("cache_aware", "balance_rel")),
+        "cacheThreshold": Param(number(0, 1), set_field("cache_aware", "cache_threshold")),
+        "balanceAbsThreshold": Param(at_least(0), set_field("cache_aware", "balance_abs")),
+        "balanceRelThreshold": Param(number(1), set_field("cache_aware", "balance_rel")),
     },
     "hot-spot-spill-filter": {
-        "relative": Param(_num(1), _set("spill", "relative")),
-        "absolute": Param(_num(0), _set("spill", "absolute")),
+        "relative": Param(number(1), set_field("spill", "relative")),
+        "absolute": Param(number(0), set_field("spill", "absolute")),
     },
-    "max-score-picker": {"maxNumOfEndpoints": Param(_int(1), _set("", "max_endpoints"))},
+    "max-score-picker": {"maxNumOfEndpoints": Param(at_least(1), set_field("", "max_endpoints"))},
     "utilization-detector": _SATURATION_PARAMS,
     "metrics-data-source": {
-        "scheme": Param(_choice("http", "https"), _set("metrics_source", "scheme")),
-        "path": Param(_path, _set("metrics_source", "path")),
-        "insecureSkipVerify": Param(_bool, _set("metrics_source", "insecure_skip_verify")),
+        "scheme": Param(one_of("http", "https"), set_field("metrics_source", "scheme")),
+        "path": Param(url_path, set_field("metrics_source", "path")),
+        "insecureSkipVerify": Param(boolean, set_field("metrics_source", "insecure_skip_verify")),
     },
     "core-metrics-extractor": {
         # The picker reads no engine label: every pod is treated as defaultEngine (vllm). Only the Go
         # EPP's default key is accepted, so a config that relies on another label is refused, not ignored.
-        "engineLabelKey": Param(_choice(ENGINE_LABEL_KEY), lambda cfg, _v: cfg),
-        "defaultEngine": Param(_choice("vllm"), _default_engine),
+        "engineLabelKey": Param(one_of(ENGINE_LABEL_KEY), lambda cfg, _v: cfg),
+        "defaultEngine": Param(one_of("vllm"), default_engine),
     },
+    "prefill-filter": {},
+    "decode-filter": {},
+    "prefix-based-pd-decider": {
+        "nonCachedTokens": Param(at_least(0), set_field("disagg", "non_cached_tokens")),
+        "promptTokens": Param(at_least(0), set_field("disagg", "prompt_tokens")),
+    },
+    "always-disagg-pd-decider": {},
+    # Their parameters name profiles and plugins (extproc/scheduling/pd_config.py), not EppConfig fields.
+    DISAGG: {},
+    PD: {},
     "single-profile-handler": {},
     "openai-parser": {},
     # Flow control (extproc/config/flow_control.py): referenced from the flowControl section.
@@ -214,10 +168,10 @@ PLUGIN_PARAMS: dict[str, dict[str, Param]] = {
     "round-robin-fairness-policy": {},
     "fcfs-ordering-policy": {},
     "concurrency-detector": {
-        "maxConcurrency": Param(_int(1), _concurrency("max_concurrency")),
+        "maxConcurrency": Param(at_least(1), concurrency("max_concurrency")),
         # Only request counting: token counting needs an estimate of each request's tokens.
-        "concurrencyMode": Param(_choice("requests"), lambda cfg, _v: cfg),
-        "headroom": Param(_num(0), _concurrency("headroom")),
+        "concurrencyMode": Param(one_of("requests"), lambda cfg, _v: cfg),
+        "headroom": Param(number(0), concurrency("headroom")),
     },
 }
 
@@ -234,6 +188,7 @@ class _Loader:
     def __init__(self, base: EppConfig) -> None:
         self.cfg = base
         self.plugins: dict[str, str] = {}  # name -> type, in order
+        self.handler: tuple[str, str, Any] | None = None  # a P/D handler: (name, type, parameters)
 
     def ref(self, entry: Any, where: str, types: tuple[str, ...] | None = None) -> str:
         doc = mapping(entry, where, ("pluginRef",))
@@ -259,13 +214,18 @@ class _Loader:
                 raise ConfigError(f"{where}: plugin type {ptype!r} is configured twice; prefix-epp takes one of each")
             seen_types.add(ptype)
             self.plugins[name] = ptype
+            if ptype in HANDLERS:  # read once every plugin it may name is known
+                if self.handler is not None:
+                    raise ConfigError(f"{where}: a second P/D profile handler ({ptype})")
+                self.handler = (name, ptype, doc.get("parameters"))
+                continue
             self.apply_params(ptype, doc.get("parameters"), f"{where} ({name}).parameters")
 
     def apply_params(self, ptype: str, params: Any, where: str) -> None:
         schema = PLUGIN_PARAMS[ptype]
         if params is not None and not isinstance(params, dict):
             raise ConfigError(f"{where}: expected a mapping")
-        for key, value in (params or {}).items():
+        for key, value in sorted((params or {}).items(), key=lambda kv: kv[0] in APPLIED_LAST):
             if key not in schema:
                 known = ", ".join(schema) or "none"
                 raise ConfigError(f"{where}: unknown parameter {key!r} for {ptype} (known: {known})")
@@ -273,29 +233,57 @@ class _Loader:
             self.cfg = p.apply(self.cfg, p.convert(value, f"{where}.{key}"))
 
     def profile(self, profiles: list[Any]) -> Profile | None:
+        if self.handler is not None:
+            return self.pd_profiles(profiles)
         if len(profiles) > 1:
-            raise ConfigError("schedulingProfiles: prefix-epp runs one profile (single-profile-handler)")
+            raise ConfigError("schedulingProfiles: prefix-epp runs one profile (single-profile-handler), "
+                              "or decode and prefill with disagg-profile-handler")
         if not profiles:
             names = [n for n, t in self.plugins.items() if t in FILTERS or t in SCORERS or t in PICKERS]
             if not names:
                 return None
             entries: list[tuple[str, Any, str]] = [(n, None, f"plugins ({n})") for n in names]
-            pname = "default"
-        else:
-            doc = mapping(profiles[0], "schedulingProfiles[0]", ("name", "plugins"))
-            pname = str(doc.get("name") or "default")
-            entries = []
-            for i, e in enumerate(_list(doc.get("plugins"), "schedulingProfiles[0].plugins")):
-                where = f"schedulingProfiles[0].plugins[{i}]"
-                d = mapping(e, where, ("pluginRef", "weight"))
-                entries.append((self.ref({"pluginRef": d.get("pluginRef")}, where), d.get("weight"), where))
+            return self.one_profile("default", entries, "plugins")
+        return self.listed_profile(profiles[0], 0)
+
+    def pd_profiles(self, profiles: list[Any]) -> Profile:
+        """The decode profile, with the prefill profile and decider where the handler names a decider."""
+        assert self.handler is not None
+        name, ptype, params = self.handler
+        handler = parse_handler(ptype, params, f"plugins ({name}).parameters", self.plugins)
+        named: dict[str, Profile] = {}
+        for i, entry in enumerate(profiles):
+            p = self.listed_profile(entry, i)
+            if p.name not in (handler.decode, handler.prefill) or p.name in named:
+                raise ConfigError(f"schedulingProfiles[{i}]: {ptype} runs the profiles {handler.decode!r} and "
+                                  f"{handler.prefill!r}, each once; got {p.name!r}")
+            named[p.name] = p
+        wanted = (handler.decode, handler.prefill) if handler.decider else (handler.decode,)
+        for pname in wanted:
+            if pname not in named:
+                raise ConfigError(f"schedulingProfiles: {ptype} needs a profile named {pname!r}")
+        decode = named[handler.decode]
+        if not handler.decider:  # llm-d: no prefill decider, no disaggregation
+            return decode
+        return replace(decode, prefill=named[handler.prefill], decider=handler.decider)
+
+    def listed_profile(self, entry: Any, n: int) -> Profile:
+        doc = mapping(entry, f"schedulingProfiles[{n}]", ("name", "plugins"))
+        entries = []
+        for i, e in enumerate(_list(doc.get("plugins"), f"schedulingProfiles[{n}].plugins")):
+            where = f"schedulingProfiles[{n}].plugins[{i}]"
+            d = mapping(e, where, ("pluginRef", "weight"))
+            entries.append((self.ref({"pluginRef": d.get("pluginRef")}, where), d.get("weight"), where))
+        return self.one_profile(str(doc.get("name") or "default"), entries, f"schedulingProfiles[{n}]")
+
+    def one_profile(self, pname: str, entries: list[tuple[str, Any, str]], where_profile: str) -> Profile:
         filters: list[str] = []
         scorers: list[tuple[str, float]] = []
         pickers: list[str] = []
         for name, weight, where in entries:
             ptype = self.plugins[name]
             if ptype in SCORERS:
-                w = self.cfg.weights.unlisted if weight is None else _num(0)(weight, f"{where}.weight")
+                w = self.cfg.weights.unlisted if weight is None else number(0)(weight, f"{where}.weight")
                 scorers.append((ptype, w))
             elif weight is not None:
                 raise ConfigError(f"{where}.weight: only scorers take a weight ({name!r} is a {ptype})")
@@ -306,7 +294,7 @@ class _Loader:
             else:
                 raise ConfigError(f"{where}: {name!r} ({ptype}) cannot be part of a scheduling profile")
         if len(pickers) > 1:
-            raise ConfigError(f"schedulingProfiles[0]: more than one picker ({', '.join(pickers)})")
+            raise ConfigError(f"{where_profile}: more than one picker ({', '.join(pickers)})")
         return Profile(name=pname, filters=tuple(filters), scorers=tuple(scorers),
                        picker=pickers[0] if pickers else "max-score-picker")
 

@@ -28,6 +28,10 @@
    request instead (`reassign`), the approximate records (blocks and affinity hash) and the
    observers' state move there (speculative precise entries expire).
 
+With prefill/decode disaggregation (`prefill`, extproc/scheduling/disagg.py) this scheduler is the
+decode profile's; after its pick the decider and the prefill profile's scheduler run, and the
+prefill pick becomes the decision's `prefill`, ended with it in `finished`.
+
 `Decision` keeps each scorer's score of the chosen endpoint, the matched blocks and, with
 predicted-ttft-scorer, every candidate's predicted TTFT and the signals the chosen endpoint's
 prediction used (its slot limit and occupancy or "unknown", the slot wait charged, whether its
@@ -39,6 +43,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from extproc.core.datastore import Endpoint
 from extproc.core.errors import EppError, ErrorCode
@@ -54,6 +59,9 @@ from extproc.scheduling.interfaces import (
     Scorer,
 )
 from extproc.scheduling.shortlist import Shortlist
+
+if TYPE_CHECKING:
+    from extproc.scheduling.disagg import PrefillStage
 
 
 @dataclass(slots=True)
@@ -71,6 +79,12 @@ class Decision:
     affinity_hash: int | None = None  # recorded in the index for the primary endpoint
     affinity_hit: bool | None = None  # None: no hint; else the primary was in affinity_match
     request: SchedulingRequest | None = None  # for the observers when a fallback serves it
+    # Prefill/decode disaggregation (extproc/scheduling/disagg.py), set on the decode decision: the
+    # prefill pick (None: decode-only), the decider's outcome ("" without a P/D profile handler) and
+    # the prompt's tokens it estimated not cached on the decode endpoint.
+    prefill: Decision | None = None
+    pd: str = ""
+    uncached_tokens: int = 0
 
     @property
     def predicted_ms(self) -> float | None:
@@ -88,6 +102,11 @@ class Decision:
     def destination(self) -> str:
         return ",".join(ep.key for ep in self.endpoints)
 
+    @property
+    def prefiller(self) -> str | None:
+        """The prefill endpoint's ip:port (x-prefiller-host-port) when disaggregated, else None."""
+        return self.prefill.primary.key if self.prefill is not None else None
+
     def explain(self) -> str:
         parts = [f"endpoint={self.primary.key}", f"matched={self.matched_blocks}/{self.total_blocks}"]
         if self.precise_matched is not None:
@@ -99,6 +118,13 @@ class Decision:
             parts.append("affinity=hit" if self.affinity_hit else "affinity=miss")
         parts.extend(f"{name}={score:.3f}" for name, score in self.scores)
         parts.append(f"total={self.total:.3f}")
+        if self.pd:
+            parts.append(f"pd={self.pd}")
+            parts.append(f"uncached_tokens={self.uncached_tokens}")
+        if self.prefill is not None:
+            p = self.prefill
+            scores = ",".join(f"{name}:{score:.3f}" for name, score in p.scores)
+            parts.append(f"prefill={p.primary.key} (matched={p.matched_blocks}/{p.total_blocks}; {scores})")
         if self.request is not None and self.request.predictions:
             ranked = sorted(self.request.predictions.items(), key=lambda kv: kv[1][0])
             parts.append("predicted_ttft_ms=" + ",".join(f"{k}:{p[0]:.1f}" for k, p in ranked))
@@ -139,6 +165,8 @@ class Scheduler:
         self.approximate_for_usable = any(getattr(ws.scorer, "approximate_use", "all") == "all"
                                           for ws in self.scorers)
         self.ranker = next((ws.scorer for ws in self.scorers if isinstance(ws.scorer, QueueRanker)), None)
+        # P/D disaggregation: the decider and the prefill profile run after this (decode) pick.
+        self.prefill: PrefillStage | None = None
 
     def schedule(self, request: SchedulingRequest, candidates: Sequence[Endpoint]) -> Decision:
         endpoints: Sequence[Endpoint] = candidates
@@ -195,7 +223,7 @@ class Scheduler:
             _record_after_answer(precise, chosen.key, token_keys)
         for observer in self.observers:
             observer.picked(request, chosen)
-        return Decision(
+        decision = Decision(
             endpoints=picked,
             matched_blocks=matched,
             total_blocks=request.total_blocks,
@@ -210,6 +238,9 @@ class Scheduler:
             affinity_hit=None if affinity is None else chosen.key in request.affinity_match,
             request=request if self.observers else None,
         )
+        if self.prefill is not None:
+            self.prefill.after(request, candidates, decision, self)
+        return decision
 
     def finished(self, decision: Decision, endpoint: Endpoint, ok: bool = True) -> None:
         """The response from `endpoint` ended (or the stream did): its blocks are no longer pinned
@@ -226,6 +257,8 @@ class Scheduler:
         if decision.request is not None:
             for observer in self.observers:
                 observer.finished(decision.request, endpoint, ok)
+        if decision.prefill is not None and self.prefill is not None:
+            self.prefill.scheduler.finished(decision.prefill, decision.prefill.primary, ok)
 
     def reassign(self, decision: Decision, served: Endpoint) -> None:
         """Another endpoint of the decision's list served the request (a fallback after the

@@ -24,7 +24,8 @@ EPP's dashboards).
 | prefix_epp_predicted_prefix_hit_ratio | histogram | - (prediction: matched / total index blocks, chosen endpoint) |
 | inference_extension_prefix_indexer_size | gauge | - ((endpoint, block) entries) |
 | prefix_epp_prefix_index_bytes | gauge | - (estimated memory of the index) |
-| prefix_epp_inflight_requests | gauge | endpoint |
+| prefix_epp_inflight_requests | gauge | endpoint (a disaggregated request counts on its prefill endpoint too) |
+| prefix_epp_pd_decisions_total | counter | decision (disaggregated, decode-only): P/D profile handler only |
 | prefix_epp_open_streams | gauge | - (ext_proc streams open now) |
 | prefix_epp_extproc_streams_total | counter | end (complete, reset, error), closed_by (proxy, picker): |
 | | | extproc/transport/stream_end.py |
@@ -66,6 +67,7 @@ from extproc.control.usage import Usage
 from extproc.core.datastore import Datastore
 from extproc.prefix.index import PrefixIndex
 from extproc.request.openai import Api
+from extproc.scheduling.disagg import DECODE_ONLY, DISAGGREGATED
 from extproc.scheduling.load import usable_metrics
 from extproc.telemetry.labels import ModelLabels
 
@@ -76,6 +78,7 @@ STREAM_CLOSERS = ("proxy", "picker")  # ...{closed_by}
 MESSAGE_KINDS = ("request_headers", "request_body", "request_trailers", "response_headers", "response_body",
                  "response_trailers")
 ERROR_TOKEN_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+PD_DECISIONS = (DISAGGREGATED, DECODE_ONLY)  # prefix_epp_pd_decisions_total{decision}
 SHAPES = (*(api.value for api in Api), "bodiless")  # prefix_epp_request_shapes_total{api}: a bounded label
 
 
@@ -202,6 +205,9 @@ class EppMetrics:
         self._ignored_headers = Counter("prefix_epp_ignored_headers", "Requests carrying a control header the "
                                         "picker is configured to ignore", ["header"], registry=r)
         self._stream_ends = {(end, by): streams.labels(end, by) for end in STREAM_ENDS for by in STREAM_CLOSERS}
+        self._pd = Counter("prefix_epp_pd_decisions", "Requests under a prefill/decode profile handler by the "
+                           "decider's outcome (disaggregated: a prefill endpoint named in x-prefiller-host-port; "
+                           "decode-only)", ["decision"], registry=r)
         self._children: dict[tuple[object, ...], Any] = {}
         self.observe_decision: Callable[[float], None] = self._decision.observe
         self.observe_hit_ratio: Callable[[float], None] = self._hit_ratio.observe
@@ -235,6 +241,11 @@ class EppMetrics:
         shape = self._shapes.get(api)
         if shape is not None:
             shape.inc()
+
+    def pd_decision(self, decision: str) -> None:
+        """One routed request under a P/D profile handler: `decision` in PD_DECISIONS (others not counted)."""
+        if decision in PD_DECISIONS:
+            self._child(self._pd, (decision,)).inc()
 
     def responded(self, status: int) -> None:
         """A routed request ended with the HTTP `status` its client got (0: it ended before any

@@ -24,6 +24,10 @@ are the request line), so each is treated as untrusted input:
 - `test-epp-endpoint-selection`: with `--enable-test-endpoint-selection` only, the endpoints
   the request may go to (a client picks its endpoint); without the flag ignored and counted.
 
+`x-prefiller-host-port` (llm-d's prefill endpoint for a decode pod's sidecar) is not read: the
+picker's routing reply sets it on a disaggregated request and removes it from every other
+(extproc/transport/responses.py), so a client's copy never reaches the engine.
+
 `read_control_headers` is the one place they are read. A control header whose bytes are not
 UTF-8 is reported back (-> 400); an ignored one is not read at all, so it cannot fail a request.
 The proxy's own inputs (the subset hint and the served endpoint) come from filter metadata

@@ -4,7 +4,8 @@ Message sequence, FULL_DUPLEX_STREAMED request body (the Inference Extension's m
 
     Envoy -> request_headers            (we answer nothing yet)
     Envoy -> request_body x N           (buffered until end_of_stream, or request_trailers)
-    picker -> request_headers response  (destination header + envoy.lb metadata + clear_route_cache)
+    picker -> request_headers response  (destination header + envoy.lb metadata + clear_route_cache;
+                                        x-prefiller-host-port set when disaggregated, else removed)
     picker -> request_body x M          (the received chunks streamed back, <= 62000 bytes each, last EoS)
     picker -> request_trailers response (only if Envoy sent request_trailers)
 
@@ -327,11 +328,14 @@ class StreamProcessor:
         self._metrics.routed(self._model, self._model, api)
         if decision.affinity_hit is not None:
             self._metrics.affinity(ctx.affinity_source, decision.affinity_hit)
+        if decision.pd:
+            self._metrics.pd_decision(decision.pd)
         new_id = self._new_request_id
         if self._request_mode == _BUFFERED:
             intake.release()  # nothing to stream back: the body is no longer held
-            return [R.routed_headers(decision.destination, None, new_id, buffered=True)]
-        out = [R.routed_headers(decision.destination, intake.received, new_id, buffered=False)]
+            return [R.routed_headers(decision.destination, None, new_id, buffered=True, prefiller=decision.prefiller)]
+        out = [R.routed_headers(decision.destination, intake.received, new_id, buffered=False,
+                                prefiller=decision.prefiller)]
         R.echo_request_body(chunks, out)
         # The body now lives on in the chunk replies only until they are written.
         intake.release()

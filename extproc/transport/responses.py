@@ -16,6 +16,9 @@ from extproc.pb import external_processor_pb2 as pb
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
 SERVED_HEADER = "x-gateway-destination-endpoint-served"
+# llm-d's P/D header: the prefill endpoint the decode pod's sidecar sends the prefill to (set only
+# when the decision disaggregates; a client's own copy never reaches the upstream).
+PREFILLER_HEADER = "x-prefiller-host-port"
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"  # why flow control refused the request
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
@@ -35,12 +38,15 @@ def _set_header(mutation: pb.HeaderMutation, key: str, value: str) -> None:
 
 
 def routed_headers(
-    destination: str, content_length: int | None, request_id: str | None, *, buffered: bool
+    destination: str, content_length: int | None, request_id: str | None, *, buffered: bool,
+    prefiller: str | None = None,
 ) -> pb.ProcessingResponse:
     """The reply that routes the request: header mutation + envoy.lb metadata + clear_route_cache.
 
     In FULL_DUPLEX_STREAMED mode it answers request_headers; in BUFFERED mode (headers already
-    answered) it answers request_body, whose header mutation Envoy still applies.
+    answered) it answers request_body, whose header mutation Envoy still applies. `prefiller`: the
+    prefill endpoint of a disaggregated request, set as x-prefiller-host-port (overwriting a
+    client's copy); without it the header is removed.
     """
     resp = pb.ProcessingResponse()
     common = resp.request_body.response if buffered else resp.request_headers.response
@@ -52,6 +58,11 @@ def routed_headers(
     if request_id is not None:
         _set_header(mutation, "x-request-id", request_id)
     mutation.remove_headers.extend(_REMOVED_REQUEST_HEADERS)
+    # Set or removed, never both: the reply does not depend on the order Envoy applies them in.
+    if prefiller is not None:
+        _set_header(mutation, PREFILLER_HEADER, prefiller)
+    else:
+        mutation.remove_headers.append(PREFILLER_HEADER)
     lb = resp.dynamic_metadata.fields[LB_NAMESPACE].struct_value
     lb.fields[DESTINATION_HEADER].string_value = destination
     return resp

@@ -212,7 +212,8 @@ def test_control_headers_are_stripped_before_any_filter() -> None:
     [mutation] = hcm["typed_config"]["early_header_mutation_extensions"]
     removed = {m["remove"] for m in mutation["typed_config"]["mutations"]}
     assert removed == {"test-epp-endpoint-selection", "x-gateway-destination-endpoint",
-                       "x-gateway-destination-endpoint-subset", "x-gateway-destination-endpoint-served"}
+                       "x-gateway-destination-endpoint-subset", "x-gateway-destination-endpoint-served",
+                       "x-prefiller-host-port"}
     off = build_config(8081, "127.0.0.1:9002", strip_control_headers=False)
     assert "early_header_mutation_extensions" not in off["static_resources"]["listeners"][0]["filter_chains"][0][
         "filters"][0]["typed_config"]

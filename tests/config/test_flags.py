@@ -23,6 +23,7 @@ from extproc.config.flags import (
     HEADER,
     INT,
     LIST,
+    ROLES,
     TEXT,
     TIER_WEIGHTS,
     Flag,
@@ -180,6 +181,8 @@ def _sample(flag: Flag) -> tuple[str, Any]:
         return "a:1, b:2,", ("a:1", "b:2")
     if kind is ENDPOINTS:
         return "10.0.0.1:8000, [fd00::2]:8000@tcp://10.0.0.9:5557", ("10.0.0.1:8000", "[fd00::2]:8000@tcp://10.0.0.9:5557")
+    if kind is ROLES:
+        return "10.0.0.1:8000=prefill, [fd00::2]:8000=decode", ("10.0.0.1:8000=prefill", "[fd00::2]:8000=decode")
     if kind is HEADER:
         return " X-Other-Header ", "x-other-header"
     if kind is TEXT:

@@ -122,3 +122,10 @@ def test_selector_and_objectives() -> None:
     assert objective_priority(objective("o", "p", -3), "p") == -3
     assert objective_priority(objective("o", "p", None), "p") == 0
     assert objective_priority(objective("o", "other", 5), "p") is None
+
+
+def test_a_pods_llm_d_role_label_is_its_endpoints_role() -> None:
+    pool = parse_pool(pool_v1("p", {"app": "v"}, [8000, 8001]), V1_GROUP)
+    prefill = pod_endpoints(parse_pod(pod("p-0", {"app": "v", "llm-d.ai/role": "prefill"}, ip="10.0.0.7")), pool)
+    assert [e.role for e in prefill] == ["prefill", "prefill"]  # every rank of the pod
+    assert [e.role for e in pod_endpoints(parse_pod(pod("d-0", {"app": "v"}, ip="10.0.0.8")), pool)] == ["", ""]

@@ -106,6 +106,20 @@ def test_buffered_routed_reply_is_a_body_response() -> None:
     assert sets == ["x-gateway-destination-endpoint"]
 
 
+def test_the_prefiller_header_is_set_when_disaggregated_and_removed_otherwise() -> None:
+    on = canon.ProcessingResponse.parse(R.routed_headers("10.0.0.2:8000", None, None, buffered=True,
+                                                         prefiller="10.0.0.1:8000").SerializeToString())
+    mutation = on.request_body.response.header_mutation
+    sets = {o.header.key: o.header.raw_value for o in mutation.set_headers}
+    assert sets["x-prefiller-host-port"] == b"10.0.0.1:8000"
+    assert "x-prefiller-host-port" not in mutation.remove_headers  # set, not also removed: no order to rely on
+    off = canon.ProcessingResponse.parse(R.routed_headers("10.0.0.2:8000", 12, None, buffered=False)
+                                         .SerializeToString())
+    mutation = off.request_headers.response.header_mutation
+    assert "x-prefiller-host-port" in mutation.remove_headers
+    assert "x-prefiller-host-port" not in {o.header.key for o in mutation.set_headers}
+
+
 def test_streamed_body_chunks_roundtrip() -> None:
     body = bytes(range(256)) * 1000  # 256 KB
     chunks = R.body_chunks(body, request=True)
